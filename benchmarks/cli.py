@@ -1,0 +1,57 @@
+"""Command line: `python -m microkernels bench gemm [...]`, `python -m microkernels regen-asm`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _parse_size(text: str) -> tuple[int, int, int]:
+    parts = [int(p) for p in text.lower().split("x")]
+    if len(parts) == 1:
+        parts *= 3
+    if len(parts) != 3 or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"size must be N or MxNxK with positive ints, got {text!r}")
+    return tuple(parts)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m microkernels")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    bench = sub.add_parser("bench", help="measure kernels and operators")
+    bsub = bench.add_subparsers(dest="what", required=True)
+    g = bsub.add_parser("gemm", help="FMA peak, L1 tile, matmul vs numpy")
+    g.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
+    g.add_argument("--sizes", nargs="+", type=_parse_size, default=[(256,) * 3, (512,) * 3, (1024,) * 3, (1000, 1000, 1000)])
+    g.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
+    g.add_argument("--repeat", type=int, default=7)
+    g.add_argument("--sweep", action="store_true", help="also time every register-budget tile shape")
+    g.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
+    args = p.parse_args(argv)
+
+    if args.cmd == "regen-asm":
+        from intrinsics.golden import regenerate
+
+        for path in regenerate():
+            print(f"wrote {path}")
+        return 0
+
+    from schedules.targets import resolve
+
+    isa = resolve(args.target)
+    threads = args.threads or sorted({1, os.cpu_count() or 1})
+
+    def log(line):
+        print(line, flush=True)
+
+    from benchmarks import gemm
+
+    result = gemm.run(isa, args.sizes, threads, args.repeat, args.sweep, log)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

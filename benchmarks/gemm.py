@@ -1,0 +1,107 @@
+"""`bench gemm`: FMA peak, L1-resident tile, and schedules.matmul next to numpy, per thread count."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import tvm
+from tvm import s_tir, te
+from tvm.script import tirx as T
+
+import intrinsics
+import schedules
+from microkernels import FmaPeakKernel, GemmKernel, Isa, max_tiles
+from schedules.targets import require_host, set_threads
+
+
+def measure_peak(isa: Isa, iters: int = 200_000, repeat: int = 5) -> float:
+    """GFLOP/s of independent FMA chains on one thread of this host."""
+    kern = FmaPeakKernel(isa)
+    n, sym, ir = kern.io_floats, kern.name, kern.llvm_ir()
+
+    @T.prim_func(s_tir=True)
+    def probe(io: T.Buffer((n,), "float32")):
+        with T.attr(0, "pragma_import_llvm", ir):
+            T.evaluate(T.call_extern("void", sym, io.access_ptr("rw"), iters))
+
+    lib = tvm.compile(tvm.IRModule({"main": probe}), target=isa.target)
+    buf = tvm.runtime.tensor(np.full(n, 0.5, np.float32))
+    res = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(buf).results
+    return kern.flops(iters) / statistics.median(res) / 1e9
+
+
+def tile_gflops(kern: GemmKernel, kc: int = 256, calls: int = 2000, repeat: int = 5) -> float:
+    """GFLOP/s of the tile kernel alone, its A and B panels L1-resident, called `calls` times."""
+    A = te.placeholder((kern.mr, kc), "float32", name="A")
+    B = te.placeholder((kc, kern.nr), "float32", name="B")
+    r = te.reduce_axis((0, calls), name="r")
+    k = te.reduce_axis((0, kc), name="k")
+    C = te.compute((kern.mr, kern.nr), lambda i, j: te.sum(A[i, k] * B[k, j], axis=[r, k]), name="C")
+    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    blk = sch.get_sblock("C")
+    i, j, rr, kk = sch.get_loops(blk)
+    sch.reorder(rr, i, j, kk)
+    sch.decompose_reduction(blk, rr)
+    sch.tensorize(i, intrinsics.register(kern, kc))
+    lib = tvm.compile(sch.mod, target=kern.isa.target)
+    args = [tvm.runtime.tensor(np.random.rand(*s).astype(np.float32)) for s in ((kern.mr, kc), (kc, kern.nr))]
+    args.append(tvm.runtime.tensor(np.zeros((kern.mr, kern.nr), np.float32)))
+    res = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(*args).results
+    return 2 * kern.mr * kern.nr * kc * calls / statistics.median(res) / 1e9
+
+
+def numpy_blas() -> str:
+    from threadpoolctl import threadpool_info
+
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return ", ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in libs) or "?"
+
+
+def numpy_seconds(a, b, threads: int, repeat: int) -> float:
+    import time
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads):
+        a @ b
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
+    require_host(isa)
+    set_threads(1)
+    peak1 = measure_peak(isa)
+    out = {"isa": isa.name, "peak_gflops_1thread": peak1, "tiles": [], "matmul": []}
+    log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
+    log(f"numpy BLAS: {numpy_blas()}")
+    tiles = [t for t in max_tiles(isa) if t[0] >= 2] if sweep else []
+    default = schedules.matmul(8, 8, 8, target=f"x86-{isa.name}").kernel
+    for mr, nr in sorted(set(tiles) | {(default.mr, default.nr)}):
+        kern = GemmKernel(isa, mr, nr)
+        g = tile_gflops(kern)
+        mark = "  (default)" if kern == default else ""
+        log(f"  tile {kern.name:28s} L1-resident: {g:7.1f} GFLOP/s  {100 * g / peak1:5.1f}% of peak{mark}")
+        out["tiles"].append({"kernel": kern.name, "gflops": g, "pct_peak": 100 * g / peak1, "default": bool(mark)})
+    for threads in thread_counts:
+        set_threads(threads)
+        peak = peak1 * threads
+        log(f"  matmul, {threads} thread(s) (peak {peak:.0f} GFLOP/s = {threads} x 1-thread peak):")
+        log(f"    {'M x N x K':>18s} {'ours GF/s':>10s} {'%peak':>6s} {'numpy GF/s':>11s} {'ours/numpy':>10s}")
+        for M, N, K in sizes:
+            op = schedules.matmul(M, N, K, target=f"x86-{isa.name}", threads=threads)
+            rng = np.random.default_rng(0)
+            a = rng.standard_normal((M, K), dtype=np.float32)
+            b = rng.standard_normal((K, N), dtype=np.float32)
+            ours = statistics.median(op.time(a, b, number=max(1, int(2e8 // op.flops)), repeat=repeat))
+            ref = numpy_seconds(a, b, threads, repeat)
+            g, gn = op.flops / ours / 1e9, op.flops / ref / 1e9
+            log(f"    {f'{M}x{N}x{K}':>18s} {g:10.1f} {100 * g / peak:6.1f} {gn:11.1f} {ref / ours:10.2f}x")
+            out["matmul"].append({"M": M, "N": N, "K": K, "threads": threads, "gflops": g,
+                                  "pct_peak": 100 * g / peak, "numpy_gflops": gn, "speedup_vs_numpy": ref / ours})
+    return out

@@ -1,0 +1,127 @@
+"""TensorIntrins for the FP32 GEMM tile: the TIR of the tile beside the call to its kernel.
+
+Description (accumulate): C[i, j] = C[i, j] + A[i, kk] * B[kk, j] for i < MR, j < NR, kk < K,
+float32, every operand with a free row stride and unit column stride.
+The beta=0 variant describes the same reduction with an init block (C[i, j] = 0 first).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tvm import s_tir
+from tvm.script import tirx as T
+
+from microkernels import AVX2, AVX512, GemmKernel, Isa, TileError
+
+_REGISTERED: list[str] = []
+
+
+def intrin_name(kern: GemmKernel, k: int) -> str:
+    return f"{kern.name}_k{k}"
+
+
+def _descriptions(mr: int, nr: int, kk: int, accumulate: bool):
+    if accumulate:
+
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, c: T.handle):
+            A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1])
+            B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
+            C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
+            with T.sblock("root"):
+                T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kk, 0:nr])
+                T.writes(C[0:mr, 0:nr])
+                for i, j, k in T.grid(mr, nr, kk):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+
+    else:
+
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, c: T.handle):
+            A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1])
+            B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
+            C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
+            with T.sblock("root"):
+                T.reads(A[0:mr, 0:kk], B[0:kk, 0:nr])
+                T.writes(C[0:mr, 0:nr])
+                for i, j, k in T.grid(mr, nr, kk):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        # Spelled out: the reduction block of a TE sum lists C among its reads.
+                        T.reads(C[vi, vj], A[vi, vk], B[vk, vj])
+                        T.writes(C[vi, vj])
+                        with T.init():
+                            C[vi, vj] = T.float32(0)
+                        C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+
+    return desc
+
+
+def _implementation(kern: GemmKernel, kk: int):
+    mr, nr, sym, ir = kern.mr, kern.nr, kern.name, kern.llvm_ir()
+    # A beta=0 tile reads no C; the reads must match the description's for tensorize.
+    reads_c = kern.accumulate
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        sa = T.int32()
+        sb = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[sb, 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            if reads_c:
+                T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kk, 0:nr])
+            else:
+                T.reads(A[0:mr, 0:kk], B[0:kk, 0:nr])
+            T.writes(C[0:mr, 0:nr])
+            # The attribute carries the kernel's IR into whatever module uses the intrinsic,
+            # where LLVM links and inlines it: no annotation needed at the call site.
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(
+                    T.call_extern(
+                        "void", sym, A.access_ptr("r"), sa, B.access_ptr("r"), sb, C.access_ptr("w"), sc, kk
+                    )
+                )
+
+    return impl
+
+
+@functools.lru_cache(maxsize=None)
+def register(kern: GemmKernel, k: int) -> str:
+    """Register (once) the intrinsic of `kern` with reduction length `k`; return its name."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+        raise TileError(f"K must be an int >= 2, got {k!r} (TIR drops unit-extent loops, so a K = 1 "
+                        "block can never match the description; pad K to 2)")
+    if kern.mr < 2:
+        raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
+                        "loops, so an MR = 1 block can never match the description)")
+    name = intrin_name(kern, k)
+    s_tir.TensorIntrin.register(
+        name, _descriptions(kern.mr, kern.nr, k, kern.accumulate), _implementation(kern, k)
+    )
+    _REGISTERED.append(name)
+    return name
+
+
+def _fma_gemm(isa: Isa, mr: int, nr: int, k: int, accumulate: bool) -> str:
+    return register(GemmKernel(isa, mr, nr, accumulate), k)
+
+
+def avx512_fma_gemm(mr: int, nr: int, k: int, accumulate: bool = True) -> str:
+    """TensorIntrin name for C[mr, nr] (+)= A[mr, k] @ B[k, nr] on AVX-512 zmm FMAs."""
+    return _fma_gemm(AVX512, mr, nr, k, accumulate)
+
+
+def avx2_fma_gemm(mr: int, nr: int, k: int, accumulate: bool = True) -> str:
+    """TensorIntrin name for C[mr, nr] (+)= A[mr, k] @ B[k, nr] on AVX2 ymm FMAs."""
+    return _fma_gemm(AVX2, mr, nr, k, accumulate)
+
+
+def names() -> list[str]:
+    """Names of the intrinsics this library has registered so far."""
+    return list(_REGISTERED)

@@ -1,0 +1,24 @@
+"""Hand-written micro-kernels as LLVM IR text, generated from a few parameters.
+
+This layer knows ISAs, registers and instructions, and nothing of TVM scheduling.
+"""
+
+from .f32_fma_peak import FmaPeakKernel
+from .f32_gemm import DEFAULT_TILES, GemmKernel, TileError, check_tile, default_kernel, max_tiles
+from .isa import AVX2, AVX512, ISAS, Isa, best_host_isa, host_cpu_flags
+
+__all__ = [
+    "AVX2",
+    "AVX512",
+    "DEFAULT_TILES",
+    "FmaPeakKernel",
+    "GemmKernel",
+    "ISAS",
+    "Isa",
+    "TileError",
+    "best_host_isa",
+    "check_tile",
+    "default_kernel",
+    "host_cpu_flags",
+    "max_tiles",
+]

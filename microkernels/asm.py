@@ -1,0 +1,94 @@
+"""Reading x86 assembly text (AT&T syntax, as LLVM prints it): normalize, find loops, count.
+
+Kernel knowledge lives here so the tests state properties ("the K loop holds MR*NR/lanes FMAs")
+instead of re-parsing assembly each in its own way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_LABEL = re.compile(r"^([.\w$]+):")
+_LOCAL_LABEL = re.compile(r"\.L[\w$]+")
+_JUMP = re.compile(r"^\s*j\w+\s+(\.L[\w$]+)")
+# Stack spills and reloads: rsp-relative operands, and rbp-relative ones where the function
+# keeps a frame pointer (elsewhere rbp is just another register, e.g. a B-row pointer).
+_RSP = re.compile(r"\(%rsp[,)]")
+_RBP = re.compile(r"\(%rbp[,)]")
+
+
+def compute_function(asm: str, suffix: str = "_compute_") -> str:
+    """The text of the first function whose label ends in `suffix` (TVM's kernel body)."""
+    lines = asm.splitlines()
+    start = next((n for n, ln in enumerate(lines) if re.match(rf"^[\w$.]*{suffix}:", ln)), None)
+    if start is None:
+        raise ValueError(f"no function ending in {suffix!r} in this assembly")
+    end = next((n for n in range(start + 1, len(lines)) if lines[n].startswith(".Lfunc_end")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def normalize(fn_asm: str) -> str:
+    """Instructions and block labels only, labels renumbered by first appearance.
+
+    Debug locations, CFI, alignment and other directives, comments and temporary labels go:
+    a dump then changes only when the instructions do.
+    """
+    kept = []
+    for ln in fn_asm.splitlines():
+        s = ln.split("#", 1)[0].rstrip()
+        if not s.strip():
+            continue
+        m = _LABEL.match(s)
+        if m:
+            if m.group(1).startswith((".Ltmp", ".Lfunc_begin")):
+                continue
+            kept.append(s)
+        elif s.lstrip().startswith("."):
+            continue  # directive
+        else:
+            kept.append(" " + " ".join(s.split()))
+    names: dict[str, str] = {}
+
+    def rename(m):
+        return names.setdefault(m.group(0), f".L{len(names)}")
+
+    return "\n".join(_LOCAL_LABEL.sub(rename, ln) for ln in kept) + "\n"
+
+
+@dataclass
+class Loop:
+    label: str
+    body: list  # instructions from the label to the backward jump, inclusive
+    frame_pointer: bool = False  # the enclosing function keeps rbp as its frame pointer
+
+    def count(self, mnemonic_prefix: str) -> int:
+        return sum(1 for ins in self.body if ins.split()[0].startswith(mnemonic_prefix))
+
+    def stack_accesses(self) -> list:
+        return [i for i in self.body if _RSP.search(i) or (self.frame_pointer and _RBP.search(i))]
+
+
+def single_block_loops(fn_asm: str) -> list:
+    """Loops that are one basic block: a label whose block ends by jumping back to it."""
+    loops, current, body, fp = [], None, [], False
+    for ln in normalize(fn_asm).splitlines():
+        m = _LABEL.match(ln)
+        if m:
+            if not m.group(1).startswith(".L"):
+                fp = False  # a new function
+            current, body = m.group(1), []
+            continue
+        if ln.split() == ["movq", "%rsp,", "%rbp"]:
+            fp = True
+        body.append(ln.strip())
+        j = _JUMP.match(ln)
+        if j and current is not None:
+            if j.group(1) == current:
+                loops.append(Loop(current, list(body), fp))
+            current = None  # a jump ends the block (a fallthrough block has no label here)
+    return loops
+
+
+def fma_loops(fn_asm: str) -> list:
+    return [lp for lp in single_block_loops(fn_asm) if lp.count("vfmadd") > 0]

@@ -1,0 +1,70 @@
+"""Named target presets, and the checks every public entry point runs on its inputs."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tvm_ffi
+
+from microkernels import ISAS, Isa, best_host_isa
+
+PRESETS = {"x86-avx512": "avx512", "x86-avx2": "avx2"}
+
+# TVM sizes its worker pool once, from this variable, when it first runs parallel code, and
+# config_threadpool can only shrink it later; without it the pool may start with one thread.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+
+class UnsupportedHostError(RuntimeError):
+    """Code for an ISA this host cannot execute was asked to run here."""
+
+
+def resolve(target) -> Isa:
+    """Map a preset name ("x86-avx512", "x86-avx2", or "native" for the best this host runs)."""
+    if target == "native":
+        return best_host_isa()
+    if isinstance(target, str) and target in PRESETS:
+        return ISAS[PRESETS[target]]
+    hint = ""
+    if isinstance(target, str) and target.startswith("llvm"):
+        hint = " (TVM 0.27 no longer parses target strings such as 'llvm -mcpu=...'; pick a preset)"
+    elif isinstance(target, dict):
+        hint = " (target dicts are chosen for you by the preset)"
+    raise ValueError(f"unknown target {target!r}{hint}; expected one of {sorted(PRESETS)} or 'native'")
+
+
+def require_host(isa: Isa) -> None:
+    missing = isa.host_missing()
+    if missing:
+        raise UnsupportedHostError(
+            f"this host cannot run {isa.name} code: its CPU lacks {', '.join(missing)}; "
+            f"compile for it here (op.asm works) but run it elsewhere, or use target='native'"
+        )
+
+
+def positive_int(name: str, value) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def check_array(name: str, arr, shape: tuple, dtype: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
+    if arr.dtype != np.dtype(dtype):
+        raise TypeError(f"{name} must have dtype {dtype}, got {arr.dtype}")
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {arr.shape}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (row-major); pass np.ascontiguousarray({name})")
+    return arr
+
+
+def set_threads(threads: int | None) -> None:
+    """Size TVM's CPU thread pool; None leaves it at one thread per core."""
+    n = threads if threads is not None else (os.cpu_count() or 1)
+    # Mode 1 spreads the pool over the big cores; on a homogeneous CPU that is all of them.
+    tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)

@@ -1,0 +1,42 @@
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+# "ci": few examples, fixed seed, so a CI run is repeatable and fits its time budget.
+# "dev": HYPOTHESIS_PROFILE=dev for a longer, randomized local search.
+settings.register_profile(
+    "ci", max_examples=40, derandomize=True, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def f32_tolerance(a, b, c0=None):
+    """Elementwise bound for float32 C = C0 + A @ B against an exact (float64) reference.
+
+    A length-K FMA chain plus the initial C adds K+1 terms; each rounding costs at most
+    u = eps/2 relative, so |error| <= (K+1) * u * sum|terms|. We allow eps (2u) per term.
+    """
+    k = a.shape[1]
+    mag = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    if c0 is not None:
+        mag = mag + np.abs(c0)
+    return (k + 1) * np.finfo(np.float32).eps * mag + np.finfo(np.float32).tiny
+
+
+def assert_close_f32(got, a, b, c0=None):
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    if c0 is not None:
+        ref = ref + c0
+    err = np.abs(got - ref)
+    tol = f32_tolerance(a, b, c0)
+    bad = err > tol
+    assert not bad.any(), f"{bad.sum()} elements off; worst error {err.max():.3g} vs its bound {tol.flat[np.argmax(err)]:.3g}"
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,121 @@
+"""Intrinsic level: registration contract, and each tile's numerics through its intrinsic."""
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given
+from hypothesis import strategies as st
+from tvm import s_tir, te
+
+import intrinsics
+from intrinsics.tile_module import TileLayout, compile_tile
+from microkernels import ISAS, GemmKernel, TileError, max_tiles
+
+from ..conftest import assert_close_f32
+
+RUNNABLE = [isa for isa in ISAS.values() if isa.host_supports()]
+
+
+def test_contract_returns_registered_names_once():
+    n1 = intrinsics.avx512_fma_gemm(28, 16, 128)
+    n2 = intrinsics.avx2_fma_gemm(6, 16, 128, accumulate=False)
+    assert n1 == "mk_f32_gemm_28x16_avx512_k128"
+    assert n2 == "mk_f32_gemm_6x16_avx2_beta0_k128"
+    assert intrinsics.avx512_fma_gemm(28, 16, 128) == n1  # second call: no re-registration error
+    assert {n1, n2} <= set(intrinsics.names())
+    assert s_tir.TensorIntrin.get(n1) is not None
+
+
+@pytest.mark.parametrize(
+    "call, msg",
+    [(lambda: intrinsics.avx512_fma_gemm(30, 32, 64), "needs"), (lambda: intrinsics.avx2_fma_gemm(6, 16, 1), "K must"),
+     (lambda: intrinsics.avx2_fma_gemm(1, 16, 64), "MR must be >= 2"), (lambda: intrinsics.avx2_fma_gemm(6, 20, 64), "multiple")],
+)
+def test_bad_intrinsic_requests_are_refused(call, msg):
+    with pytest.raises(TileError, match=msg):
+        call()
+
+
+def _tiles(isa):
+    """Any tile within the budget with MR >= 2 (not just the maximal ones)."""
+    return st.sampled_from(
+        [(mr, nr) for mr0, nr in max_tiles(isa) for mr in range(2, mr0 + 1)]
+    )
+
+
+@st.composite
+def tile_cases(draw, isa):
+    mr, nr = draw(_tiles(isa))
+    k = draw(st.integers(2, 300))
+    pad = st.integers(0, 9)
+    lay = TileLayout(k, 0, 0, 0, a_col=draw(pad), b_col=draw(pad), c_col=draw(pad), c_row=draw(st.integers(0, 3)))
+    lay = TileLayout(k, k + lay.a_col + draw(pad), nr + lay.b_col + draw(pad), nr + lay.c_col + draw(pad),
+                     lay.a_col, lay.b_col, lay.c_col, lay.c_row)
+    return GemmKernel(isa, mr, nr, draw(st.booleans())), lay
+
+
+def _check_tile(kern, lay, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((kern.mr, lay.lda), dtype=np.float32)
+    b = rng.standard_normal((lay.k, lay.ldb), dtype=np.float32)
+    c = rng.standard_normal((kern.mr + lay.c_row, lay.ldc), dtype=np.float32)
+    lib = compile_tile(kern, lay)
+    tc = tvm.runtime.tensor(c)
+    lib(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tc)
+    got = tc.numpy()
+    rows, cols = slice(lay.c_row, lay.c_row + kern.mr), slice(lay.c_col, lay.c_col + kern.nr)
+    a_t, b_t = a[:, lay.a_col:lay.a_col + lay.k], b[:, lay.b_col:lay.b_col + kern.nr]
+    assert_close_f32(got[rows, cols], a_t, b_t, c[rows, cols].astype(np.float64) if kern.accumulate else None)
+    outside = np.ones(c.shape, bool)
+    outside[rows, cols] = False
+    assert np.array_equal(got[outside], c[outside]), "the kernel wrote outside its tile"
+
+
+@pytest.mark.parametrize("isa", RUNNABLE, ids=lambda i: i.name)
+def test_tile_matches_numpy(isa):
+    @given(tile_cases(isa), st.integers(0, 2**32 - 1))
+    def check(case, seed):
+        _check_tile(*case, seed)
+
+    check()
+
+
+@pytest.mark.parametrize("isa", RUNNABLE, ids=lambda i: i.name)
+def test_tile_extremes(isa):
+    """Huge, tiny and signed-zero inputs: exact float32 semantics, no flush or reordering surprise."""
+    kern = GemmKernel(isa, 2, isa.lanes)
+    lay = TileLayout.dense(kern, 4)
+    a = np.array([[3e38, -3e38, 1e-30, 0.0], [-0.0, 1.0, 2.0, 3.0]], np.float32)
+    b = np.tile(np.array([[1.0], [1.0], [1e-10], [-0.0]], np.float32), (1, isa.lanes))
+    c = np.zeros((2, isa.lanes), np.float32)
+    tc = tvm.runtime.tensor(c)
+    compile_tile(kern, lay)(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tc)
+    expect = np.zeros_like(c)
+    for i in range(2):  # the kernel's order: a sequence of float32 FMAs over k
+        for kk in range(4):
+            expect[i] = (expect[i].astype(np.float64) + np.float64(a[i, kk]) * b[kk].astype(np.float64)).astype(np.float32)
+    assert np.array_equal(tc.numpy(), expect)
+
+
+@pytest.mark.parametrize("isa", RUNNABLE, ids=lambda i: i.name)
+def test_user_schedule_from_readme(isa):
+    """The README's example: a hand-written schedule tensorizing onto the public intrinsic."""
+    M, N, K = 12, 32, 128
+    A = te.placeholder((M, K), name="A")
+    B = te.placeholder((K, N), name="B")
+    k = te.reduce_axis((0, K), name="k")
+    C = te.compute((M, N), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    block = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(block)
+    io, ii = sch.split(i, [None, 6])
+    jo, ji = sch.split(j, [None, 16])
+    sch.reorder(io, jo, ii, ji, kk)
+    sch.tensorize(ii, getattr(intrinsics, f"{isa.name}_fma_gemm")(6, 16, K, accumulate=False))
+    lib = tvm.compile(sch.mod, target=isa.target)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    c = tvm.runtime.tensor(np.full((M, N), np.nan, np.float32))  # beta=0 must not read C
+    lib(tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    assert_close_f32(c.numpy(), a, b)

@@ -1,0 +1,60 @@
+"""Kernel level, no TVM: tile budgets, names and the IR each tile generates."""
+
+import re
+
+import pytest
+
+from microkernels import AVX2, AVX512, DEFAULT_TILES, ISAS, GemmKernel, TileError, check_tile, default_kernel, max_tiles
+from microkernels.f32_gemm import registers_needed
+
+
+@pytest.mark.parametrize("isa", ISAS.values(), ids=lambda i: i.name)
+def test_budget_is_enforced_exactly(isa):
+    for nv in range(1, 12):
+        for mr in range(1, 40):
+            nr = nv * isa.lanes
+            fits = mr * nv + nv + (0 if isa.embedded_broadcast and nv == 1 else 1) <= isa.vector_registers
+            if fits:
+                check_tile(isa, mr, nr)
+            else:
+                with pytest.raises(TileError, match=f"{isa.vector_registers}"):
+                    check_tile(isa, mr, nr)
+
+
+@pytest.mark.parametrize("isa", ISAS.values(), ids=lambda i: i.name)
+def test_max_tiles_are_maximal(isa):
+    tiles = max_tiles(isa)
+    assert tiles
+    for mr, nr in tiles:
+        assert registers_needed(isa, mr, nr) <= isa.vector_registers
+        assert registers_needed(isa, mr + 1, nr) > isa.vector_registers
+
+
+def test_defaults_fit_and_are_named_by_scheme():
+    for isa_name, (mr, nr) in DEFAULT_TILES.items():
+        k = default_kernel(isa_name)
+        assert (k.mr, k.nr) == (mr, nr)
+        assert k.name == f"mk_f32_gemm_{mr}x{nr}_{isa_name}"
+        assert default_kernel(isa_name, accumulate=False).name == k.name + "_beta0"
+
+
+@pytest.mark.parametrize(
+    "mr, nr, msg",
+    [(0, 16, "MR must be a positive"), (4, 0, "NR must be a positive"), (4, 12, "multiple of the avx2"),
+     (2.0, 16, "MR must be"), (True, 16, "MR must be"), (7, 16, "needs 17 vector registers .* has 16")],
+)
+def test_bad_tiles_name_the_constraint(mr, nr, msg):
+    with pytest.raises(TileError, match=msg):
+        GemmKernel(AVX2, mr, nr)
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_ir_holds_one_fma_per_accumulator_and_reads_c_only_when_accumulating(accumulate):
+    k = GemmKernel(AVX512, 14, 32, accumulate)
+    ir = k.llvm_ir()
+    assert f"define internal void @{k.name}(" in ir
+    assert len(re.findall(r"call <16 x float> @llvm\.fma\.v16f32", ir)) == k.fmas_per_k == 28
+    c_loads = re.findall(r"%c0_\d+_\d+ = load", ir)
+    assert len(c_loads) == (28 if accumulate else 0)
+    assert len(re.findall(r"store <16 x float>", ir)) == 28
+    assert "llvm.loop.unroll.disable" in ir

@@ -1,0 +1,108 @@
+"""schedules.matmul: numerics over awkward shapes, its hot loop, threads, and refused inputs."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import microkernels.isa
+import schedules
+from microkernels import ISAS, TileError, asm, best_host_isa
+from schedules import UnsupportedHostError
+
+from ..conftest import assert_close_f32
+
+HOST = f"x86-{best_host_isa().name}"
+# 1, primes, tile and block edges, and sizes that straddle the kc / MC / NC blocks.
+DIMS = st.one_of(st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17, 31, 97, 256, 257, 263]), st.integers(1, 300))
+
+
+@given(M=DIMS, N=DIMS, K=DIMS, threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**32 - 1))
+def test_matmul_matches_numpy(M, N, K, threads, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    op = schedules.matmul(M, N, K, target=HOST, threads=threads)
+    c = op(a, b)
+    assert c.shape == (M, N) and c.dtype == np.float32
+    assert_close_f32(c, a, b)
+
+
+def test_large_blocked_matmul(rng):
+    """Several kc slices, MC row blocks and NC column blocks, with ragged edges in each."""
+    M, N, K = 601, 2100, 777
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    assert_close_f32(schedules.matmul(M, N, K, target=HOST)(a, b), a, b)
+
+
+@pytest.mark.parametrize("preset", ["x86-avx512", "x86-avx2"])
+def test_hot_loop_is_the_tile(preset):
+    op = schedules.matmul(300, 200, 500, target=preset)
+    kern = op.kernel
+    loops = asm.fma_loops(op.asm)  # the tile sits in TVM's parallel lambda
+    assert loops, "no FMA loop in the matmul"
+    for lp in loops:
+        assert lp.count("vfmadd231ps") == kern.fmas_per_k
+        assert lp.stack_accesses() == []
+
+
+def test_avx512_on_a_host_without_it_raises(monkeypatch):
+    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    op = schedules.matmul(8, 8, 8, target="x86-avx512")  # compiling for it is fine anywhere
+    assert "zmm" in op.asm
+    with pytest.raises(UnsupportedHostError, match="avx512f"):
+        op(np.zeros((8, 8), np.float32), np.zeros((8, 8), np.float32))
+
+
+def test_native_picks_the_widest_isa_the_host_runs(monkeypatch):
+    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert schedules.resolve("native") is ISAS["avx2"]
+    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
+    assert schedules.resolve("native") is ISAS["avx512"]
+    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"sse2"}))
+    with pytest.raises(RuntimeError, match="neither AVX-512F nor AVX2"):
+        schedules.resolve("native")
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, msg",
+    [
+        (dict(M=0, N=4, K=4), ValueError, "M must be >= 1"),
+        (dict(M=4, N=-3, K=4), ValueError, "N must be >= 1"),
+        (dict(M=4, N=4, K=2.5), TypeError, "K must be an int"),
+        (dict(M=4, N=4, K=4, threads=0), ValueError, "threads must be >= 1"),
+        (dict(M=4, N=4, K=4, target="x86-sse"), ValueError, "unknown target 'x86-sse'"),
+        (dict(M=4, N=4, K=4, target="llvm -mcpu=skylake-avx512"), ValueError, "no longer parses target strings"),
+        (dict(M=4, N=4, K=4, target={"kind": "llvm"}), ValueError, "unknown target"),
+    ],
+)
+def test_bad_arguments(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        schedules.matmul(**kwargs)
+
+
+def test_bad_kernel_for_target():
+    from microkernels import GemmKernel
+
+    with pytest.raises(ValueError, match="does not fit target"):
+        schedules.matmul(8, 8, 8, target="x86-avx2", kernel=GemmKernel(ISAS["avx512"], 28, 16))
+    with pytest.raises(TileError, match="needs"):
+        schedules.matmul(8, 8, 8, target="x86-avx2", kernel=GemmKernel(ISAS["avx2"], 8, 16))
+
+
+@pytest.mark.parametrize(
+    "a, b, exc, msg",
+    [
+        (np.zeros((4, 5), np.float64), np.zeros((5, 6), np.float32), TypeError, "a must have dtype float32"),
+        (np.zeros((4, 5), np.float32), np.zeros((5, 6), np.int32), TypeError, "b must have dtype float32"),
+        (np.zeros((5, 4), np.float32), np.zeros((5, 6), np.float32), ValueError, r"a must have shape \(4, 5\)"),
+        (np.zeros((4, 5), np.float32), np.zeros((6, 5), np.float32), ValueError, r"b must have shape \(5, 6\)"),
+        (np.zeros((4, 5), np.float32), np.zeros((6, 5), np.float32).T, ValueError, "C-contiguous"),
+        ([[0.0] * 5] * 4, np.zeros((5, 6), np.float32), TypeError, "numpy.ndarray"),
+    ],
+)
+def test_bad_arrays(a, b, exc, msg):
+    op = schedules.matmul(4, 6, 5, target=HOST)
+    with pytest.raises(exc, match=msg):
+        op(a, b)

@@ -98,8 +98,10 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
             rng = np.random.default_rng(0)
             a = rng.standard_normal((M, K), dtype=np.float32)
             b = rng.standard_normal((K, N), dtype=np.float32)
-            ours = statistics.median(op.time(a, b, number=max(1, int(2e8 // op.flops)), repeat=repeat))
+            # numpy first: TVM's idle workers spin for a while after a call and would steal
+            # the cores OpenBLAS's threads need.
             ref = numpy_seconds(a, b, threads, repeat)
+            ours = statistics.median(op.time(a, b, number=max(1, int(2e8 // op.flops)), repeat=repeat))
             g, gn = op.flops / ours / 1e9, op.flops / ref / 1e9
             log(f"    {f'{M}x{N}x{K}':>18s} {g:10.1f} {100 * g / peak:6.1f} {gn:11.1f} {ref / ours:10.2f}x")
             out["matmul"].append({"M": M, "N": N, "K": K, "threads": threads, "gflops": g,

@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 import intrinsics
 import schedules
-from microkernels import FmaPeakKernel, GemmKernel, Isa, max_tiles
+from microkernels import FmaPeakKernel, GemmKernel, Isa, default_kernel, max_tiles
 from schedules.targets import require_host, set_threads
 
 
@@ -81,7 +81,7 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
     log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
     log(f"numpy BLAS: {numpy_blas()}")
     tiles = [t for t in max_tiles(isa) if t[0] >= 2] if sweep else []
-    default = schedules.matmul(8, 8, 8, target=f"x86-{isa.name}").kernel
+    default = default_kernel(isa.name)
     for mr, nr in sorted(set(tiles) | {(default.mr, default.nr)}):
         kern = GemmKernel(isa, mr, nr)
         g = tile_gflops(kern)

@@ -137,7 +137,7 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
     sch.parallel(par)
     init = sch.decompose_reduction(blk, ko)
     sch.tensorize(i, intrinsics.register(kern, kc))
-    _vectorize_inner(sch, init, nr)
+    sch.vectorize(sch.get_loops(init)[-1])
 
     for name in ("A_pack", "B_pack"):
         b = sch.get_sblock(name)
@@ -151,7 +151,3 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
     lib = tvm.compile(sch.mod, target=isa.target)
     return MatmulOp(M, N, K, isa, kern, lib, threads)
 
-
-def _vectorize_inner(sch, block, width):
-    loops = sch.get_loops(block)
-    sch.vectorize(loops[-1])

@@ -6,7 +6,6 @@ import difflib
 import pytest
 
 from intrinsics import golden
-from intrinsics.tile_module import tile_asm
 from microkernels import asm
 
 CASES = golden.cases()
@@ -15,7 +14,7 @@ CASES = golden.cases()
 @pytest.fixture(scope="module", params=CASES, ids=lambda k: k.name)
 def compiled(request):
     kern = request.param
-    return kern, asm.compute_function(tile_asm(kern, golden.GOLDEN_K))
+    return kern, golden.compiled_function(kern)
 
 
 def test_k_loop_is_the_tile_and_nothing_else(compiled):
@@ -46,10 +45,10 @@ def test_a_is_broadcast_once_per_row_and_folded_where_possible(compiled):
 
 
 def test_golden_dump_matches(compiled):
-    kern, _ = compiled
+    kern, fn = compiled
     path = golden.dump_path(kern)
     assert path.exists(), f"{path.name} missing: run `python -m microkernels regen-asm`"
-    want, got = path.read_text(), golden.render(kern)
+    want, got = path.read_text(), golden.render(kern, fn)
     if want != got:
         diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), f"golden/{path.name}", "emitted"))
         pytest.fail(f"assembly of {kern.name} changed (regenerate with `python -m microkernels regen-asm` "

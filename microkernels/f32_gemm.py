@@ -82,8 +82,8 @@ def max_tiles(isa: Isa) -> list[tuple[int, int]]:
     return tiles
 
 
-# Chosen by measurement (README, "Choosing the tile"). AVX2: 6x16 was the one tile at the FMA
-# peak in every sweep here. AVX-512: a one-vector-wide tile lets
+# Chosen by measurement (README, "Choosing the tile"). AVX2: 6x16 led three of four sweeps
+# here, at the FMA peak. AVX-512: a one-vector-wide tile lets
 # every broadcast fold into its FMA ({1to16}), so 28 accumulators fit beside the B vector, and
 # NR = 16 is the NCHW16c block of the convolutions; llvm-mca puts it at 96% of the FMA ports.
 DEFAULT_TILES = {"avx2": (6, 16), "avx512": (28, 16)}

@@ -8,6 +8,13 @@ convolution on NCHWc data alike; columns are unit stride.
 
 Signature of every generated kernel (all strides in elements):
     void mk_f32_gemm_<MR>x<NR>_<isa>[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k)
+
+The batch-reduce variant (oneDNN's brgemm) sums n1*n2*n3 such products into one register tile,
+C (+)= sum over (i1, i2, i3) of A[a + i1*sa1 + i2*sa2 + i3*sa3] @ B_(i1,i2,i3), where the B
+panels follow one another in memory (each k*ldb long). A direct convolution is exactly this
+with (i1, i2, i3) = (input-channel block, kh, kw): C is loaded and stored once per output tile.
+    void mk_f32_brgemm_<MR>x<NR>_<isa>[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc,
+        i32 k, i32 n1, i32 sa1, i32 n2, i32 sa2, i32 n3, i32 sa3)
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ class GemmKernel:
     mr: int
     nr: int
     accumulate: bool = True  # False: the beta=0 variant, C is overwritten
+    batch_reduce: bool = False  # True: sum a 3-deep strided batch of A blocks (see module doc)
 
     def __post_init__(self):
         check_tile(self.isa, self.mr, self.nr)
@@ -41,11 +49,12 @@ class GemmKernel:
 
     @property
     def name(self) -> str:
+        op = "brgemm" if self.batch_reduce else "gemm"
         suffix = "" if self.accumulate else "_beta0"
-        return f"mk_f32_gemm_{self.mr}x{self.nr}_{self.isa.name}{suffix}"
+        return f"mk_f32_{op}_{self.mr}x{self.nr}_{self.isa.name}{suffix}"
 
     def llvm_ir(self) -> str:
-        return _generate(self)
+        return _generate_batched(self) if self.batch_reduce else _generate(self)
 
 
 def registers_needed(isa: Isa, mr: int, nr: int) -> int:
@@ -89,9 +98,28 @@ def max_tiles(isa: Isa) -> list[tuple[int, int]]:
 DEFAULT_TILES = {"avx2": (6, 16), "avx512": (28, 16)}
 
 
-def default_kernel(isa_name: str, accumulate: bool = True) -> GemmKernel:
+def default_kernel(isa_name: str, accumulate: bool = True, batch_reduce: bool = False) -> GemmKernel:
     mr, nr = DEFAULT_TILES[isa_name]
-    return GemmKernel(ISAS[isa_name], mr, nr, accumulate)
+    return GemmKernel(ISAS[isa_name], mr, nr, accumulate, batch_reduce)
+
+
+def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]:
+    """One K step at index %kk: NR/lanes B loads, MR broadcasts of A, MR*NR/lanes FMAs."""
+    mr, nv, lanes, vt = kern.mr, kern.vectors_per_row, kern.isa.lanes, kern.isa.vector_type
+    fma = f"@llvm.fma.v{lanes}f32"
+    out = ["  %brow = mul i64 %kk, %ldb64"]
+    for j in range(nv):
+        out.append(f"  %bo{j} = add i64 %brow, {j * lanes}")
+        out.append(f"  %bp{j} = getelementptr inbounds float, ptr {b}, i64 %bo{j}")
+        out.append(f"  %bv{j} = load {vt}, ptr %bp{j}, align 4")
+    for i in range(mr):
+        out.append(f"  %aep{i} = getelementptr inbounds float, ptr {ap}{i}, i64 %kk")
+        out.append(f"  %as{i} = load float, ptr %aep{i}, align 4")
+        out.append(f"  %ai{i} = insertelement {vt} poison, float %as{i}, i64 0")
+        out.append(f"  %ab{i} = shufflevector {vt} %ai{i}, {vt} poison, <{lanes} x i32> zeroinitializer")
+        for j in range(nv):
+            out.append(f"  {nacc}{i}_{j} = call {vt} {fma}({vt} %ab{i}, {vt} %bv{j}, {vt} {acc}{i}_{j})")
+    return out
 
 
 def _generate(kern: GemmKernel) -> str:
@@ -123,18 +151,7 @@ def _generate(kern: GemmKernel) -> str:
     for i in range(mr):
         for j in range(nv):
             out.append(f"  %acc{i}_{j} = phi {vt} [{init(i, j)}, %entry], [%nacc{i}_{j}, %loop]")
-    out.append("  %brow = mul i64 %kk, %ldb64")
-    for j in range(nv):
-        out.append(f"  %bo{j} = add i64 %brow, {j * lanes}")
-        out.append(f"  %bp{j} = getelementptr inbounds float, ptr %b, i64 %bo{j}")
-        out.append(f"  %bv{j} = load {vt}, ptr %bp{j}, align 4")
-    for i in range(mr):
-        out.append(f"  %aep{i} = getelementptr inbounds float, ptr %ap{i}, i64 %kk")
-        out.append(f"  %as{i} = load float, ptr %aep{i}, align 4")
-        out.append(f"  %ai{i} = insertelement {vt} poison, float %as{i}, i64 0")
-        out.append(f"  %ab{i} = shufflevector {vt} %ai{i}, {vt} poison, <{lanes} x i32> zeroinitializer")
-        for j in range(nv):
-            out.append(f"  %nacc{i}_{j} = call {vt} {fma}({vt} %ab{i}, {vt} %bv{j}, {vt} %acc{i}_{j})")
+    out += _k_step(kern, "%b", "%ap", "%acc", "%nacc")
     out += [
         "  %kn = add nuw nsw i64 %kk, 1",
         "  %more = icmp slt i64 %kn, %k64",
@@ -152,6 +169,83 @@ def _generate(kern: GemmKernel) -> str:
         "  ret void",
         "}",
         f"declare {vt} {fma}({vt}, {vt}, {vt})",
+        "!0 = distinct !{!0, !1}",
+        '!1 = !{!"llvm.loop.unroll.disable"}',
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _generate_batched(kern: GemmKernel) -> str:
+    """The batch-reduce variant. Accumulators and counters live in allocas, which LLVM's SROA
+    turns back into registers; that keeps four nested loops free of hand-threaded phis."""
+    mr, nv, lanes, vt = kern.mr, kern.vectors_per_row, kern.isa.lanes, kern.isa.vector_type
+    tiles = [(i, j) for i in range(mr) for j in range(nv)]
+    out = [
+        f"define internal void @{kern.name}(ptr noalias %a, i32 %lda, ptr noalias %b, i32 %ldb,"
+        " ptr noalias %c, i32 %ldc, i32 %k, i32 %n1, i32 %sa1, i32 %n2, i32 %sa2, i32 %n3, i32 %sa3)"
+        " alwaysinline {",
+        "entry:",
+    ]
+    for v in ("lda", "ldb", "ldc", "k", "n1", "sa1", "n2", "sa2", "n3", "sa3"):
+        out.append(f"  %{v}64 = sext i32 %{v} to i64")
+    for i, j in tiles:
+        out.append(f"  %slot{i}_{j} = alloca {vt}, align 32")
+    out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
+    out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %k64, %ldb64"]
+    for i, j in tiles:
+        out.append(f"  %co{i}_{j} = add i64 {j * lanes}, 0")
+        out.append(f"  %crow{i}_{j} = mul i64 {i}, %ldc64")
+        out.append(f"  %coff{i}_{j} = add i64 %crow{i}_{j}, %co{i}_{j}")
+        out.append(f"  %cp{i}_{j} = getelementptr inbounds float, ptr %c, i64 %coff{i}_{j}")
+        init = f"%c0_{i}_{j}" if kern.accumulate else "zeroinitializer"
+        if kern.accumulate:
+            out.append(f"  %c0_{i}_{j} = load {vt}, ptr %cp{i}_{j}, align 4")
+        out.append(f"  store {vt} {init}, ptr %slot{i}_{j}, align 32")
+    # Three counted loops around the K loop; each header tests before its first trip, so any
+    # count <= 0 runs nothing and C keeps its initial value.
+    out += [
+        "  store i64 0, ptr %i1p", "  br label %h1",
+        "h1:", "  %i1 = load i64, ptr %i1p", "  %t1 = icmp slt i64 %i1, %n164", "  br i1 %t1, label %s1, label %done",
+        "s1:", "  store i64 0, ptr %i2p", "  br label %h2",
+        "h2:", "  %i2 = load i64, ptr %i2p", "  %t2 = icmp slt i64 %i2, %n264", "  br i1 %t2, label %s2, label %e1",
+        "s2:", "  store i64 0, ptr %i3p", "  br label %h3",
+        "h3:", "  %i3 = load i64, ptr %i3p", "  %t3 = icmp slt i64 %i3, %n364", "  br i1 %t3, label %s3, label %e2",
+        "s3:",
+        "  %o1 = mul i64 %i1, %sa164", "  %o2 = mul i64 %i2, %sa264", "  %o3 = mul i64 %i3, %sa364",
+        "  %o12 = add i64 %o1, %o2", "  %o123 = add i64 %o12, %o3",
+        "  %abase = getelementptr inbounds float, ptr %a, i64 %o123",
+        "  %bb = load ptr, ptr %bcur",
+    ]
+    for i in range(mr):
+        out.append(f"  %arow{i} = mul i64 {i}, %lda64")
+        out.append(f"  %ap{i} = getelementptr inbounds float, ptr %abase, i64 %arow{i}")
+    out += ["  store i64 0, ptr %kp", "  br label %hk",
+            "hk:", "  %kk = load i64, ptr %kp", "  %tk = icmp slt i64 %kk, %k64", "  br i1 %tk, label %sk, label %e3",
+            "sk:"]
+    for i, j in tiles:
+        out.append(f"  %acc{i}_{j} = load {vt}, ptr %slot{i}_{j}, align 32")
+    out += _k_step(kern, "%bb", "%ap", "%acc", "%nacc")
+    for i, j in tiles:
+        out.append(f"  store {vt} %nacc{i}_{j}, ptr %slot{i}_{j}, align 32")
+    out += [
+        "  %kn = add nsw i64 %kk, 1", "  store i64 %kn, ptr %kp",
+        # As in the plain tile: one K step per iteration, no unrolling.
+        "  br label %hk, !llvm.loop !0",
+        "e3:",
+        "  %bn = getelementptr inbounds float, ptr %bb, i64 %bstep", "  store ptr %bn, ptr %bcur",
+        "  %i3n = add nsw i64 %i3, 1", "  store i64 %i3n, ptr %i3p", "  br label %h3",
+        "e2:", "  %i2n = add nsw i64 %i2, 1", "  store i64 %i2n, ptr %i2p", "  br label %h2",
+        "e1:", "  %i1n = add nsw i64 %i1, 1", "  store i64 %i1n, ptr %i1p", "  br label %h1",
+        "done:",
+    ]
+    for i, j in tiles:
+        out.append(f"  %res{i}_{j} = load {vt}, ptr %slot{i}_{j}, align 32")
+        out.append(f"  store {vt} %res{i}_{j}, ptr %cp{i}_{j}, align 4")
+    out += [
+        "  ret void",
+        "}",
+        f"declare {vt} @llvm.fma.v{lanes}f32({vt}, {vt}, {vt})",
         "!0 = distinct !{!0, !1}",
         '!1 = !{!"llvm.loop.unroll.disable"}',
         "",

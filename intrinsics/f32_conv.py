@@ -1,0 +1,160 @@
+"""TensorIntrins for one output tile of a direct convolution on the batch-reduce GEMM tile.
+
+Description, for an MR x NR output tile (MR output pixels of one row, NR output channels):
+    C[m, j] = sum over (q, r, s, i) of A[q, r*dh, m*sw + s*dw, i] * B[q, r, s, i, j]
+A is a window of NCHWc input (input-channel blocks q, rows, columns, channels i of a block),
+B the tile's slice of OIHWio weights, C a row of NCHWc output. The whole reduction runs inside
+one kernel call (beta=0, so there is no separate init pass), which is what keeps C in registers.
+
+Loops of extent 1 are left out of the description: TIR drops them from the blocks it builds,
+and a description that kept them would never match. The TVMScript is therefore rendered as
+text per tile geometry; `reduce_axes` is the single place that decides which loops exist, and
+the convolution schedule builds its blocks from it too.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from microkernels import GemmKernel, TileError
+
+_REGISTERED: list[str] = []
+
+
+@dataclass(frozen=True)
+class ConvTile:
+    """Geometry of one tensorized output tile. `kern` is a beta=0 batch-reduce GEMM tile."""
+
+    kern: GemmKernel
+    nb: int  # input-channel blocks reduced over
+    kh: int
+    kw: int
+    bi: int  # channels per input block
+    sw: int = 1  # stride along the width
+    dh: int = 1  # dilation
+    dw: int = 1
+
+    def __post_init__(self):
+        if not self.kern.batch_reduce or self.kern.accumulate:
+            raise TileError(f"a conv tile needs a beta=0 batch-reduce kernel, got {self.kern.name}")
+        for label in ("nb", "kh", "kw", "bi", "sw", "dh", "dw"):
+            v = getattr(self, label)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise TileError(f"{label} must be a positive int, got {v!r}")
+        if self.kern.mr < 2:
+            raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
+        if not self.reduce_axes():
+            raise TileError("a conv tile must reduce over more than one element")
+
+    @property
+    def name(self) -> str:
+        return (f"{self.kern.name}_conv_q{self.nb}_k{self.kh}x{self.kw}_c{self.bi}"
+                f"_s{self.sw}_d{self.dh}x{self.dw}")
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """Rows and columns of input one tile reads: KH + ... not MR*stride + KW - 1."""
+        return (self.kh - 1) * self.dh + 1, (self.kern.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1
+
+    @property
+    def macs(self) -> int:
+        return self.kern.mr * self.kern.nr * self.nb * self.kh * self.kw * self.bi
+
+    def reduce_axes(self) -> list[tuple[str, int]]:
+        """(name, extent) of the reduction loops, outer to inner, without unit extents."""
+        axes = (("q", self.nb), ("r", self.kh), ("s", self.kw), ("i", self.bi))
+        return [(n, e) for n, e in axes if e > 1]
+
+    def a_index(self, v: dict) -> tuple[str, str, str, str]:
+        """Index expressions (q, row, column, channel) into the input window.
+
+        `v` maps "m", "q", "r", "s", "i" to the expression text of each iterator; an axis that
+        is absent from reduce_axes() has no iterator and contributes 0.
+        """
+        get = lambda k: v.get(k, "0")  # noqa: E731
+        return (get("q"), f"{get('r')} * {self.dh}", f"{get('m')} * {self.sw} + {get('s')} * {self.dw}", get("i"))
+
+    def b_index(self, v: dict) -> tuple[str, ...]:
+        get = lambda k: v.get(k, "0")  # noqa: E731
+        return (get("q"), get("r"), get("s"), get("i"), v["j"])
+
+
+def _render(tile: ConvTile, impl: bool) -> str:
+    mr, nr = tile.kern.mr, tile.kern.nr
+    ah, aw = tile.window
+    a_shape = (tile.nb, ah, aw, tile.bi)
+    b_shape = (tile.nb, tile.kh, tile.kw, tile.bi, nr)
+    axes = tile.reduce_axes()
+    names = [n for n, _ in axes]
+    v = {n: f"v{n}" for n in ["m", "j"] + names}
+    a_idx = ", ".join(tile.a_index(v))
+    b_idx = ", ".join(tile.b_index(v))
+    a_region = ", ".join(f"0:{e}" for e in a_shape)
+    b_region = ", ".join(f"0:{e}" for e in b_shape)
+    # Pixels of a row are `bi` apart (NCHWc), which lets the kernel run (s, i) as one stretch.
+    strides = f"[s1, s2, {tile.bi}, 1]" if impl else f"[T.int32(), T.int32(), {tile.bi}, 1]"
+    c_strides = "[sc, 1]" if impl else "[T.int32(), 1]"
+    lines = [
+        "@T.prim_func(s_tir=True)",
+        "def f(a: T.handle, b: T.handle, c: T.handle):",
+    ]
+    if impl:
+        lines += ["    s1 = T.int32()", "    s2 = T.int32()", "    sc = T.int32()"]
+    lines += [
+        f"    A = T.match_buffer(a, {a_shape}, 'float32', offset_factor=1, strides={strides})",
+        # B is compact: the kernel walks the weights of the whole reduction as one run.
+        f"    B = T.match_buffer(b, {b_shape}, 'float32', offset_factor=1)",
+        f"    C = T.match_buffer(c, ({mr}, {nr}), 'float32', offset_factor=1, strides={c_strides})",
+        "    with T.sblock('root'):",
+        f"        T.reads(A[{a_region}], B[{b_region}])",
+        f"        T.writes(C[0:{mr}, 0:{nr}])",
+    ]
+    if impl:
+        # (s, i) are one contiguous run when dw == 1: the kernel's K loop then covers kw*bi
+        # steps in one go instead of kw runs of bi.
+        bi = tile.bi
+        k_run, n3, sa3 = (tile.kw * bi, 1, 0) if tile.dw == 1 else (bi, tile.kw, bi * tile.dw)
+        lines += [
+            "        with T.attr(0, 'pragma_import_llvm', kernel_ir):",
+            f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {bi * tile.sw},"
+            f" B.access_ptr('r'), {nr}, C.access_ptr('w'), sc, {k_run}, {tile.nb}, s1, {tile.kh}, s2 * {tile.dh},"
+            f" {n3}, {sa3}))",
+        ]
+    else:
+        loop_vars = ", ".join(["m", "j"] + names)
+        extents = ", ".join(str(e) for e in [mr, nr] + [e for _, e in axes])
+        lines += [
+            f"        for {loop_vars} in T.grid({extents}):",
+            "            with T.sblock('update'):",
+            f"                {', '.join(v[n] for n in ['m', 'j'] + names)} = "
+            f"T.axis.remap('SS{'R' * len(names)}', [{loop_vars}])",
+            f"                T.reads(C[vm, vj], A[{a_idx}], B[{b_idx}])",
+            "                T.writes(C[vm, vj])",
+            "                with T.init():",
+            "                    C[vm, vj] = T.float32(0)",
+            f"                C[vm, vj] = C[vm, vj] + A[{a_idx}] * B[{b_idx}]",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def render_description(tile: ConvTile) -> str:
+    return _render(tile, impl=False)
+
+
+@functools.lru_cache(maxsize=None)
+def register_conv(tile: ConvTile) -> str:
+    """Register (once) the intrinsic for one conv tile geometry; return its name."""
+    desc = parser.parse(_render(tile, impl=False), extra_vars={"T": T})
+    impl = parser.parse(_render(tile, impl=True), extra_vars={"T": T, "kernel_ir": tile.kern.llvm_ir()})
+    s_tir.TensorIntrin.register(tile.name, desc, impl)
+    _REGISTERED.append(tile.name)
+    return tile.name
+
+
+def names() -> list[str]:
+    return list(_REGISTERED)

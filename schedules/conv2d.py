@@ -1,0 +1,419 @@
+"""FP32 conv2d, NCHWc direct, tensorized on the batch-reduce GEMM tile.
+
+One output tile is MR pixels of an output row x NR output channels (one output block). Its
+whole reduction (input-channel blocks x KH x KW x channels of a block) runs inside one call of
+the batch-reduce kernel, so each output tile is stored once and never reloaded.
+
+Loop nest, outer to inner:
+    n, band     : VH output rows; the band's input rows (halo and zero padding included) are
+                  packed into a small buffer first when the layer pads, so what the tiles read
+                  stays in L2 (per-segment spatial packing). The window a band needs is
+                  KH + SH*(VH-1) rows tall (dilated: (KH-1)*DH + 1 + SH*(VH-1)).
+    o           : output-channel block (the weights of one block stay in L2 across rows)
+    row, tile   : the tiles of one output row; a row that MR does not divide ends in one or two
+                  narrower tiles (never MR = 1 unless the row is one pixel wide)
+Threads split the bands when the input is larger than L2 (each thread packs its own bands),
+and the output-channel blocks otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from intrinsics.f32_conv import ConvTile, register_conv
+from microkernels import DEFAULT_TILES, GemmKernel, Isa
+
+from . import layouts
+from .targets import check_array, positive_int, require_host, resolve, set_threads
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pair(name: str, v, allow_zero: bool = False) -> tuple[int, int]:
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+    if len(vals) != 2:
+        raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+    lo = 0 if allow_zero else 1
+    for x in vals:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"{name} must hold ints, got {v!r}")
+        if x < lo:
+            raise ValueError(f"{name} must be >= {lo}, got {v!r}")
+    return int(vals[0]), int(vals[1])
+
+
+def _padding(p) -> tuple[int, int, int, int]:
+    """int, (h, w) or (top, left, bottom, right) -> (top, left, bottom, right)."""
+    if isinstance(p, (tuple, list)) and len(p) == 4:
+        vals = tuple(p)
+    else:
+        try:
+            h, w = _pair("padding", p, allow_zero=True)
+        except ValueError:
+            raise ValueError(f"padding must be an int, a pair or (top, left, bottom, right), got {p!r}") from None
+        vals = (h, w, h, w)
+    for x in vals:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"padding must hold ints, got {p!r}")
+        if x < 0:
+            raise ValueError(f"padding must be >= 0, got {p!r}")
+    return tuple(int(x) for x in vals)
+
+
+def _shape(name: str, s, rank: int) -> tuple[int, ...]:
+    if not isinstance(s, (tuple, list)) or len(s) != rank:
+        raise ValueError(f"{name} must be a tuple of {rank} ints, got {s!r}")
+    return tuple(positive_int(f"{name}[{i}]", v) for i, v in enumerate(s))
+
+
+@dataclass(frozen=True)
+class ConvBlocking:
+    """Cache budgets in bytes (defaults fit a 32 KiB L1 / 512 KiB L2 core)."""
+
+    l2_bytes: int = 512 * 1024
+
+    @property
+    def image_budget(self) -> int:  # a layer's input this small is packed whole, once
+        return self.l2_bytes // 2
+
+    @property
+    def band_budget(self) -> int:  # otherwise a band's input must fit here
+        return self.l2_bytes // 4
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Every size of one conv2d layer, in the blocked layouts."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    pad: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    groups: int
+    block: int  # output block (= the tile's NR)
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def og(self) -> int:
+        return self.o // self.groups
+
+    @property
+    def bi(self) -> int:
+        """Input block: the full block, or the whole group when it has fewer channels (first layer)."""
+        return min(self.block, self.cg)
+
+    @property
+    def nb(self) -> int:  # input blocks per group
+        return _ceil_div(self.cg, self.bi)
+
+    @property
+    def ob(self) -> int:  # output blocks per group
+        return _ceil_div(self.og, self.block)
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        t, l, b, r = self.pad
+        return ((self.h + t + b - (self.kh - 1) * dh - 1) // sh + 1,
+                (self.w + l + r - (self.kw - 1) * dw - 1) // sw + 1)
+
+    @property
+    def data_shape(self) -> tuple:
+        return (self.n, self.groups * self.nb, self.h, self.w, self.bi)
+
+    @property
+    def weight_shape(self) -> tuple:
+        return (self.groups * self.ob, self.nb, self.kh, self.kw, self.bi, self.block)
+
+    @property
+    def out_shape(self) -> tuple:
+        return (self.n, self.groups * self.ob, *self.out_hw, self.block)
+
+    @property
+    def flops(self) -> int:
+        oh, ow = self.out_hw
+        return 2 * self.n * self.o * oh * ow * self.cg * self.kh * self.kw
+
+    @property
+    def padded(self) -> bool:
+        return any(self.pad)
+
+
+def _segments(ow: int, mr: int) -> list[tuple[int, int, int]]:
+    """(first column, tiles, MR) runs covering one output row; no tile has MR = 1 unless ow = 1."""
+    full, rem = divmod(ow, mr)
+    if ow == 1:
+        return [(0, 1, 1)]
+    if rem == 1:
+        # The last full tile and the single column become two tiles of at least 2.
+        full -= 1
+        a = (mr + 2) // 2
+        tails = [a, mr + 1 - a] if full >= 0 else []
+        if full < 0:  # ow = 1 is handled above, so mr + 1 > ow here: not reachable
+            raise AssertionError
+    else:
+        tails = [rem] if rem else []
+    segs, col = [], 0
+    if full:
+        segs.append((0, full, mr))
+        col = full * mr
+    for t in tails:
+        segs.append((col, 1, t))
+        col += t
+    return segs
+
+
+def _bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool]:
+    """(rows per band VH, whether threads split bands rather than output blocks).
+
+    An input that fits in half of L2 is packed whole and every output block sweeps it there.
+    A larger one is cut into bands of output rows whose input fits in a quarter of L2; all
+    output blocks are computed per band, so the weights are re-read per band, which costs less
+    than it seems: they are one contiguous run the prefetchers follow, while an input re-read
+    per output block jumps between channel blocks. (Measured on ResNet-50, one thread: on all
+    six layers where a bytes-moved model picked blocks-outer instead, bands were faster.)
+    """
+    oh, _ = g.out_hw
+    rows_for = lambda vh: (vh - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1  # noqa: E731
+    row_bytes = g.groups * g.nb * g.bi * (g.w + g.pad[1] + g.pad[3]) * 4
+    if rows_for(oh) * row_bytes <= blocking.image_budget and g.groups * g.ob >= threads:
+        return oh, False
+    divisors = [d for d in range(1, oh + 1) if oh % d == 0 and rows_for(d) * row_bytes <= blocking.band_budget]
+    vh = max(divisors) if divisors else 1
+    # Enough bands that every thread gets the same number, where a divisor allows it.
+    balanced = [d for d in divisors if (g.n * oh // d) % threads == 0]
+    if balanced and g.n * oh // max(balanced) >= 2 * threads:
+        vh = max(balanced)
+    return vh, True
+
+
+def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tuple[str, list[tuple[str, ConvTile]]]:
+    """TVMScript of the whole layer, and the (block name, tile) pairs to tensorize."""
+    oh, ow = g.out_hw
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    top, left = g.pad[0], g.pad[1]
+    nbands = oh // vh
+    bi, bo = g.bi, g.block
+    ph = (vh - 1) * sh + (g.kh - 1) * dh + 1
+    pw = (ow - 1) * sw + (g.kw - 1) * dw + 1
+    icb = g.groups * g.nb
+    L = [
+        "@T.prim_func(s_tir=True)",
+        f"def main(D: T.Buffer({g.data_shape}, 'float32'), Wt: T.Buffer({g.weight_shape}, 'float32'),"
+        f" Out: T.Buffer({g.out_shape}, 'float32')):",
+        "    T.func_attr({'tirx.noalias': True})",
+        f"    for n, yb in T.grid({g.n}, {nbands}):" if not band_parallel
+        else f"    for nyb in T.parallel({g.n * nbands}):",
+        "        with T.sblock('band'):",
+    ]
+    if band_parallel:
+        L.append(f"            vn = T.axis.spatial({g.n}, nyb // {nbands})")
+        L.append(f"            vyb = T.axis.spatial({nbands}, nyb % {nbands})")
+    else:
+        L.append("            vn, vyb = T.axis.remap('SS', [n, yb])")
+    full = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
+    # Spelled out: inferred, the band's reads would name its own scratch buffer P.
+    L.append(f"            T.reads(D[vn, {full(g.data_shape[1:])}], Wt[{full(g.weight_shape)}])")
+    L.append(f"            T.writes(Out[vn, 0:{g.out_shape[1]}, vyb * {vh}:vyb * {vh} + {vh}, {full(g.out_shape[3:])}])")
+    if g.padded:
+        L += [
+            f"            P = T.alloc_buffer(({icb}, {ph}, {pw}, {bi}), 'float32')",
+            f"            for q, r, x, i in T.grid({icb}, {ph}, {pw}, {bi}):",
+            "                with T.sblock('pack'):",
+            "                    vq, vr, vx, vi = T.axis.remap('SSSS', [q, r, x, i])",
+            "                    P[vq, vr, vx, vi] = T.if_then_else(",
+            f"                        0 <= vyb * {vh * sh} + vr - {top} and vyb * {vh * sh} + vr - {top} < {g.h}"
+            f" and 0 <= vx - {left} and vx - {left} < {g.w},",
+            f"                        D[vn, vq, vyb * {vh * sh} + vr - {top}, vx - {left}, vi], T.float32(0))",
+        ]
+    o_loop = f"T.parallel({g.groups * g.ob})" if not band_parallel else f"T.serial({g.groups * g.ob})"
+    L.append(f"            for o in {o_loop}:")
+    L.append(f"                for yi in T.serial({vh}):")
+    tensorized = []
+    for si, (start, count, t) in enumerate(_segments(ow, mr)):
+        name = f"conv_{si}"
+        kern = GemmKernel(isa, t, bo, accumulate=False, batch_reduce=True) if t >= 2 else None
+        tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw) if t >= 2 else None
+        axes = tile.reduce_axes() if tile else [(a, e) for a, e in
+                                                (("q", g.nb), ("r", g.kh), ("s", g.kw), ("i", bi)) if e > 1]
+        red = [a for a, _ in axes]
+        loops = ["tt", "m", "j"] + red if t >= 2 else ["tt", "j"] + red
+        exts = [count, t, bo] + [e for _, e in axes] if t >= 2 else [count, bo] + [e for _, e in axes]
+        L.append(f"                    for {', '.join(loops)} in T.grid({', '.join(map(str, exts))}):")
+        L.append(f"                        with T.sblock('{name}'):")
+        L.append("                            vo, vyi = T.axis.remap('SS', [o, yi])")
+        # The tile's first column is an iterator of its own, so that splitting the block at
+        # `m` leaves the inner bindings exactly the description's (m, not start + m).
+        L.append(f"                            vx0 = T.axis.spatial({ow}, {start} + tt * {t})")
+        if t >= 2:
+            L.append(f"                            vm = T.axis.spatial({t}, m)")
+        L.append(f"                            vj = T.axis.spatial({bo}, j)")
+        for a, e in axes:
+            L.append(f"                            v{a} = T.axis.reduce({e}, {a})")
+        v = {a: f"v{a}" for a in red}
+        qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""
+        q = f"{qg}{v.get('q', '0')}"
+        row = f"vyi * {sh} + {v.get('r', '0')} * {dh}"
+        vx = "vx0 + vm" if t >= 2 else "vx0"
+        col = f"({vx}) * {sw} + {v.get('s', '0')} * {dw}"
+        if not g.padded:
+            row = f"(vyb * {vh} + vyi) * {sh} + {v.get('r', '0')} * {dh}"
+            a_ref = f"D[vn, {q}, {row}, {col}, {v.get('i', '0')}]"
+        else:
+            a_ref = f"P[{q}, {row}, {col}, {v.get('i', '0')}]"
+        w_ref = f"Wt[vo, {v.get('q', '0')}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
+        out_ref = f"Out[vn, vo, vyb * {vh} + vyi, {vx}, vj]"
+        L += [
+            "                            with T.init():",
+            f"                                {out_ref} = T.float32(0)",
+            f"                            {out_ref} = {out_ref} + {a_ref} * {w_ref}",
+        ]
+        if tile:
+            tensorized.append((name, tile))
+    return "\n".join(L) + "\n", tensorized
+
+
+
+class Conv2dOp:
+    """A compiled conv2d for fixed shapes. op(data, weight) on NCHW / OIHW numpy arrays.
+
+    The fast path a model uses keeps everything blocked: pack the weights once with
+    `op.pack_weights(weight)`, keep activations in `op.blocked_data_shape` (NCHW[x]c), and call
+    `op.run_blocked(data_nchwc, packed_weight)`, which returns the NCHW[y]c output.
+    """
+
+    def __init__(self, geometry: Geometry, isa: Isa, lib, threads, plan: dict):
+        self.geometry, self.isa, self.lib, self.threads, self.plan = geometry, isa, lib, threads, plan
+
+    @property
+    def asm(self) -> str:
+        return self.lib.mod.inspect_source("asm")
+
+    @property
+    def flops(self) -> int:
+        return self.geometry.flops
+
+    @property
+    def blocked_data_shape(self) -> tuple:
+        return self.geometry.data_shape
+
+    @property
+    def blocked_weight_shape(self) -> tuple:
+        return self.geometry.weight_shape
+
+    @property
+    def blocked_out_shape(self) -> tuple:
+        return self.geometry.out_shape
+
+    def to_blocked(self, data: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        check_array("data", data, (g.n, g.c, g.h, g.w), "float32")
+        return layouts.to_nchwc(data, g.bi, g.groups)
+
+    def from_blocked(self, out: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        check_array("out", out, g.out_shape, "float32")
+        return layouts.from_nchwc(out, g.o, g.groups)
+
+    def pack_weights(self, weight: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
+        return layouts.pack_weights(weight, g.bi, g.block, g.groups)
+
+    def _args(self, data_b, weight_b):
+        check_array("data", data_b, self.blocked_data_shape, "float32")
+        check_array("weight", weight_b, self.blocked_weight_shape, "float32")
+        require_host(self.isa)
+        set_threads(self.threads)
+        out = tvm.runtime.tensor(np.empty(self.blocked_out_shape, np.float32))
+        return tvm.runtime.tensor(data_b), tvm.runtime.tensor(weight_b), out
+
+    def run_blocked(self, data_b: np.ndarray, weight_b: np.ndarray) -> np.ndarray:
+        d, w, out = self._args(data_b, weight_b)
+        self.lib(d, w, out)
+        return out.numpy()
+
+    def __call__(self, data: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return self.from_blocked(self.run_blocked(self.to_blocked(data), self.pack_weights(weight)))
+
+    def time(self, data_b, weight_b, number=10, repeat=5, cold=False) -> list[float]:
+        """Seconds per call on blocked arrays, one entry per repeat.
+
+        cold: the cache is flushed before each repeat (TVM flushes per repeat, not per call, so
+        a cold measurement should use number=1).
+        """
+        args = self._args(data_b, weight_b)
+        kw = {"f_preproc": "cache_flush_cpu_non_first_arg"} if cold else {}
+        ev = self.lib.mod.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat, **kw)
+        return list(ev(*args).results)
+
+
+def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, block=16) -> Geometry:
+    """Validate a conv2d's arguments and return its sizes (raises ValueError/TypeError)."""
+    n, c, h, w = _shape("data_shape", data_shape, 4)
+    o, cg, kh, kw = _shape("weight_shape", weight_shape, 4)
+    stride = _pair("stride", stride)
+    dilation = _pair("dilation", dilation)
+    pad = _padding(padding)
+    groups = positive_int("groups", groups)
+    if c % groups or o % groups:
+        raise ValueError(f"groups={groups} must divide both the input channels ({c}) and the output channels ({o})")
+    if cg != c // groups:
+        raise ValueError(f"weight_shape[1] must be in_channels/groups = {c}/{groups} = {c // groups}, got {cg}")
+    eh, ew = (kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1
+    if eh > h + pad[0] + pad[2] or ew > w + pad[1] + pad[3]:
+        raise ValueError(f"the (dilated) kernel {eh}x{ew} is larger than the padded input "
+                         f"{h + pad[0] + pad[2]}x{w + pad[1] + pad[3]}")
+    return Geometry(n, c, h, w, o, kh, kw, stride, pad, dilation, groups, block)
+
+
+def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
+           target="native", algorithm="direct", threads=None,
+           blocking: ConvBlocking = ConvBlocking()) -> Conv2dOp:
+    """Compile a conv2d for NCHW data of `data_shape` and OIHW weights of `weight_shape`.
+
+    stride, dilation: int or (h, w). padding: int, (h, w) or (top, left, bottom, right).
+    target: "x86-avx512", "x86-avx2" or "native". threads: TVM's pool size while it runs
+    (None: one per core). Returns a Conv2dOp: op(data, weight) -> NCHW output.
+    """
+    if dtype != "float32":
+        raise ValueError(f"dtype {dtype!r} is not supported on x86 targets; use 'float32'")
+    if algorithm != "direct":
+        raise ValueError(f"algorithm {algorithm!r} is not available; use 'direct'")
+    if threads is not None:
+        threads = positive_int("threads", threads)
+    isa = resolve(target)
+    mr, nr = DEFAULT_TILES[isa.name]
+    g = geometry(data_shape, weight_shape, stride, padding, dilation, groups, block=nr)
+    vh, band_parallel = _bands(g, blocking, threads or os.cpu_count() or 1)
+    text, tiles = _render(g, isa, mr, vh, band_parallel)
+    func = parser.parse(text, extra_vars={"T": T})
+    sch = s_tir.Schedule(func)
+    for name, tile in tiles:
+        blk = sch.get_sblock(name)
+        loops = sch.get_loops(blk)
+        sch.tensorize(loops[-(len(tile.reduce_axes()) + 2)], register_conv(tile))
+    if g.padded:
+        sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
+    lib = tvm.compile(sch.mod, target=isa.target)
+    plan = {"mr": mr, "band_rows": vh, "band_parallel": band_parallel,
+            "segments": _segments(g.out_hw[1], mr)}
+    return Conv2dOp(g, isa, lib, threads, plan)

@@ -1,4 +1,4 @@
-"""Command line: `python -m microkernels bench gemm [...]`, `python -m microkernels regen-asm`."""
+"""Command line: `python -m microkernels bench gemm|conv2d [...]`, `python -m microkernels regen-asm`."""
 
 from __future__ import annotations
 
@@ -29,17 +29,26 @@ def main(argv=None) -> int:
     g.add_argument("--repeat", type=int, default=7)
     g.add_argument("--sweep", action="store_true", help="also time every register-budget tile shape")
     g.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    c = bsub.add_parser("conv2d", help="ResNet-50 conv layers vs PyTorch (oneDNN)")
+    c.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
+    c.add_argument("--workloads", default=None, help="CSV of layers (default: ../shared/workloads/resnet50_v1.5_conv2d.csv)")
+    c.add_argument("--layers", nargs="+", type=int, default=None, help="only these rows of the CSV (0-based)")
+    c.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
+    c.add_argument("--cache", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
+    c.add_argument("--repeat", type=int, default=7)
+    c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
     args = p.parse_args(argv)
 
     if args.cmd == "regen-asm":
-        from intrinsics.golden import regenerate
+        from intrinsics import golden as tile_golden
+        from schedules import golden as conv_golden
 
-        for path in regenerate():
+        for path in tile_golden.regenerate() + conv_golden.regenerate():
             print(f"wrote {path}")
         return 0
 
-    from schedules.targets import resolve
+    from schedules.targets import resolve, set_threads
 
     isa = resolve(args.target)
     threads = args.threads or sorted({1, os.cpu_count() or 1})
@@ -49,7 +58,18 @@ def main(argv=None) -> int:
 
     from benchmarks import gemm
 
-    result = gemm.run(isa, args.sizes, threads, args.repeat, args.sweep, log)
+    if args.what == "conv2d":
+        from benchmarks import conv2d
+
+        layers = conv2d.load_workloads(args.workloads or conv2d.DEFAULT_WORKLOADS)
+        if args.layers:
+            layers = [layers[i] for i in args.layers]
+        set_threads(1)
+        peak1 = gemm.measure_peak(isa)
+        log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
+        result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log)
+    else:
+        result = gemm.run(isa, args.sizes, threads, args.repeat, args.sweep, log)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

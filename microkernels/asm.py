@@ -92,3 +92,49 @@ def single_block_loops(fn_asm: str) -> list:
 
 def fma_loops(fn_asm: str) -> list:
     return [lp for lp in single_block_loops(fn_asm) if lp.count("vfmadd") > 0]
+
+
+# What a register tile's K loop may hold besides its FMAs, loads and broadcasts: pointer and
+# counter arithmetic and the loop branch.
+_BOOKKEEPING = ("add", "sub", "inc", "dec", "lea", "cmp", "test", "j", "mov")
+
+
+def tile_loop_problems(lp: Loop, isa_name: str, mr: int, nv: int, reg: str) -> list[str]:
+    """Why `lp` is not exactly an MR x NV-vector tile's K step (empty list: it is).
+
+    Allowed: MR*NV FMAs on `reg` registers, NV vector loads (B), MR broadcasts of A (folded
+    into the FMAs as {1to16} on AVX-512 with NV = 1), and bookkeeping on general registers.
+    Not allowed: any store, any load of the output tile, any stack access.
+    """
+    problems = []
+    fmas = [i for i in lp.body if i.startswith("vfmadd")]
+    if len(fmas) != mr * nv or lp.count("vfmadd231ps") != len(fmas):
+        problems.append(f"{len(fmas)} FMAs, expected {mr * nv} vfmadd231ps")
+    if not all(reg in i for i in fmas):
+        problems.append(f"FMAs not on {reg}")
+    if lp.stack_accesses():
+        problems.append(f"stack traffic: {lp.stack_accesses()}")
+    vloads, stores, other = [], [], []
+    for ins in lp.body:
+        op, *args = ins.split(None, 1)
+        operands = args[0] if args else ""
+        if op in ("vmovups", "vmovaps"):
+            src, _, dst = operands.rpartition(",")
+            (stores if "(" in dst else vloads).append(ins)
+        elif op.startswith("vfmadd") or op == "vbroadcastss":
+            continue
+        elif not op.startswith(_BOOKKEEPING) or (op.startswith("mov") and "(" in operands.rpartition(",")[2]):
+            other.append(ins)
+    if len(vloads) != nv:
+        problems.append(f"{len(vloads)} vector loads, expected {nv} (B only): {vloads}")
+    if stores:
+        problems.append(f"stores in the K loop: {stores}")
+    if other:
+        problems.append(f"unexpected instructions: {other}")
+    folded = sum("{1to16}" in i for i in fmas)
+    if isa_name == "avx512" and nv == 1:
+        if folded != mr or lp.count("vbroadcastss"):
+            problems.append(f"{folded} folded broadcasts of {mr}, {lp.count('vbroadcastss')} vbroadcastss")
+    elif lp.count("vbroadcastss") != mr or folded:
+        problems.append(f"{lp.count('vbroadcastss')} broadcasts, expected {mr}")
+    return problems

@@ -58,3 +58,16 @@ def test_ir_holds_one_fma_per_accumulator_and_reads_c_only_when_accumulating(acc
     assert len(c_loads) == (28 if accumulate else 0)
     assert len(re.findall(r"store <16 x float>", ir)) == 28
     assert "llvm.loop.unroll.disable" in ir
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_batch_reduce_variant_is_named_and_keeps_one_k_step(accumulate):
+    k = GemmKernel(AVX2, 6, 16, accumulate, batch_reduce=True)
+    assert k.name == "mk_f32_brgemm_6x16_avx2" + ("" if accumulate else "_beta0")
+    ir = k.llvm_ir()
+    assert "i32 %n1, i32 %sa1, i32 %n2, i32 %sa2, i32 %n3, i32 %sa3" in ir
+    assert len(re.findall(r"call <8 x float> @llvm\.fma\.v8f32", ir)) == k.fmas_per_k == 12
+    # C is read once before all batches only when accumulating, and written once after them.
+    assert len(re.findall(r"%c0_\d+_\d+ = load", ir)) == (12 if accumulate else 0)
+    assert len(re.findall(r"%res\d+_\d+ = load", ir)) == 12
+    assert "llvm.loop.unroll.disable" in ir

@@ -1,0 +1,144 @@
+"""`bench conv2d`: schedules.conv2d over the ResNet-50 v1.5 conv layers, next to PyTorch (oneDNN).
+
+Ours is timed on the blocked fast path (NCHWc data, weights packed ahead of time), which is
+what a model runs; PyTorch gets plain NCHW tensors, as a PyTorch model would, and does its own
+blocking inside oneDNN. Both are timed in the same process, PyTorch first: TVM's idle workers
+spin for a while after a call and would steal its cores.
+Cold cache: before every single call the caches are flushed (TVM's cache_flush_cpu_non_first_arg
+for ours, a 64 MiB write for PyTorch), so every call starts with weights and input in DRAM.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import schedules
+from microkernels import Isa
+from schedules.targets import require_host, set_threads
+
+DEFAULT_WORKLOADS = Path(__file__).resolve().parent.parent.parent / "shared" / "workloads" / "resnet50_v1.5_conv2d.csv"
+
+
+@dataclass(frozen=True)
+class Layer:
+    c: int
+    h: int
+    w: int
+    o: int
+    k: int
+    stride: int
+    pad: int
+    count: int
+    row: int = 0  # position in the workload file
+
+    @property
+    def label(self) -> str:
+        return f"{self.c}x{self.h}x{self.w}->{self.o} k{self.k} s{self.stride} p{self.pad}"
+
+    def conv(self, isa: Isa, threads: int):
+        return schedules.conv2d((1, self.c, self.h, self.w), (self.o, self.c, self.k, self.k), stride=self.stride,
+                                padding=self.pad, target=f"x86-{isa.name}", threads=threads)
+
+
+def load_workloads(path) -> list[Layer]:
+    with open(path) as f:
+        keys = ("in_channels", "height", "width", "out_channels", "kernel", "stride", "padding", "count")
+        return [Layer(*(int(row[k]) for k in keys), row=i) for i, row in enumerate(csv.DictReader(f))]
+
+
+def torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return f"{torch.__version__} (oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'})"
+
+
+_FLUSH = None
+
+
+def _flush_caches():
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = np.zeros(16 * 1024 * 1024, np.float32)  # 64 MiB, twice this host's L3
+    _FLUSH += 1.0
+
+
+def calls_per_repeat(flops: int, peak_gflops: float, cold: bool) -> int:
+    """About 20 ms of work at peak per repeat; one call when cold (the flush is per repeat)."""
+    return 1 if cold else max(1, int(0.02 * peak_gflops * 1e9 / flops))
+
+
+def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, cold: bool) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    run = lambda: torch.nn.functional.conv2d(tx, tw, stride=layer.stride, padding=layer.pad)  # noqa: E731
+    times = []
+    with torch.no_grad():
+        run()
+        for _ in range(repeat):
+            total = 0.0
+            for _ in range(number):
+                if cold:
+                    _flush_caches()
+                t = time.perf_counter()
+                run()
+                total += time.perf_counter() - t
+            times.append(total / number)
+    return statistics.median(times)
+
+
+def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log) -> dict:
+    require_host(isa)
+    tv = torch_version()
+    log(f"PyTorch: {tv or 'not installed (pip install -e .[bench]); our figures only'}")
+    out = {"isa": isa.name, "peak_gflops_1thread": peak1, "torch": tv, "runs": []}
+    rng = np.random.default_rng(0)
+    for threads in thread_counts:
+        ops = [layer.conv(isa, threads) for layer in layers]
+        for mode in modes:
+            cold = mode == "cold"
+            peak = peak1 * threads
+            log(f"conv2d, {threads} thread(s), {mode} cache (peak {peak:.0f} GFLOP/s):")
+            log(f"  {'#':>2s} {'layer':34s} {'n':>2s} {'ours ms':>8s} {'GF/s':>6s} {'%peak':>5s}"
+                f" {'torch ms':>8s} {'ours/torch':>10s}  plan")
+            tot_ours = tot_torch = 0.0
+            rows = []
+            for layer, op in zip(layers, ops):
+                x = rng.standard_normal((1, layer.c, layer.h, layer.w), dtype=np.float32)
+                w = rng.standard_normal((layer.o, layer.c, layer.k, layer.k), dtype=np.float32)
+                number = calls_per_repeat(op.flops, peak, cold)
+                ref = torch_seconds(layer, x, w, threads, number, repeat, cold) if tv else None
+                xb, wb = op.to_blocked(x), op.pack_weights(w)
+                set_threads(threads)
+                ours = statistics.median(op.time(xb, wb, number=number, repeat=repeat, cold=cold))
+                gf = op.flops / ours / 1e9
+                tot_ours += ours * layer.count
+                plan = f"{'bands' if op.plan['band_parallel'] else 'blocks'} of {op.plan['band_rows']} rows"
+                if ref is not None:
+                    tot_torch += ref * layer.count
+                    tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}"
+                else:
+                    tail = f" {'-':>8s} {'-':>10s}"
+                log(f"  {layer.row:2d} {layer.label:34s} {layer.count:2d} {ours * 1e3:8.3f} {gf:6.1f} {100 * gf / peak:5.1f}"
+                    f"{tail}  {plan}")
+                rows.append({"layer": layer.row, "shape": layer.label, "count": layer.count, "ours_ms": ours * 1e3,
+                             "gflops": gf, "pct_peak": 100 * gf / peak,
+                             "torch_ms": ref * 1e3 if ref is not None else None,
+                             "ratio_vs_torch": ours / ref if ref is not None else None, "plan": op.plan})
+            flops = sum(op.flops * layer.count for layer, op in zip(layers, ops))
+            summary = f"  weighted total: ours {tot_ours * 1e3:.2f} ms ({flops / tot_ours / 1e9:.1f} GF/s)"
+            if tv:
+                summary += f", torch {tot_torch * 1e3:.2f} ms, ours/torch {tot_ours / tot_torch:.2f}"
+            log(summary)
+            out["runs"].append({"threads": threads, "cache": mode, "layers": rows, "total_ours_ms": tot_ours * 1e3,
+                                "total_torch_ms": tot_torch * 1e3 if tv else None})
+    return out

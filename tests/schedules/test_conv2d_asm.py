@@ -1,0 +1,50 @@
+"""Assembly of the tensorized convolution (compiled only, so AVX-512 is checked on any host):
+every K loop is one register tile and nothing else, then the golden dump per layer."""
+
+import difflib
+
+import pytest
+
+from microkernels import ISAS, asm
+from schedules import golden
+
+
+@pytest.fixture(scope="module", params=golden.cases(), ids=lambda c: f"{c[0]}-{c[1]}")
+def compiled(request):
+    layer, isa = request.param
+    return layer, isa, golden.compile_case(layer, isa)
+
+
+def test_k_loops_hold_only_the_tile(compiled):
+    layer, isa_name, op = compiled
+    isa = ISAS[isa_name]
+    nv = op.geometry.block // isa.lanes
+    tile_rows = {mr for _, _, mr in op.plan["segments"]}
+    loops = asm.fma_loops(op.asm)
+    assert loops, "no FMA loop: the tiles were not tensorized"
+    reg = "%zmm" if isa_name == "avx512" else "%ymm"
+    seen = set()
+    for lp in loops:
+        mr = lp.count("vfmadd") // nv
+        assert mr in tile_rows, f"{lp.label}: {lp.count('vfmadd')} FMAs fit no tile of {sorted(tile_rows)}"
+        problems = asm.tile_loop_problems(lp, isa_name, mr, nv, reg)
+        assert not problems, f"{lp.label} ({mr}x{op.geometry.block} tile): {problems}\n" + "\n".join(lp.body)
+        seen.add(mr)
+    assert seen == tile_rows, f"tiles {sorted(tile_rows - seen)} have no K loop of their own"
+
+
+def test_golden_dump_matches(compiled):
+    layer, isa, op = compiled
+    path = golden.dump_path(layer, isa)
+    assert path.exists(), f"{path.name} missing: run `python -m microkernels regen-asm`"
+    want, got = path.read_text(), golden.render(layer, isa, op)
+    if want != got:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), f"golden/{path.name}", "emitted"))
+        pytest.fail(f"hot loops of {layer} ({isa}) changed (regenerate with `python -m microkernels regen-asm` "
+                    f"if intended):\n{diff}")
+
+
+def test_every_dump_has_a_case():
+    expected = {golden.dump_path(*c).name for c in golden.cases()}
+    present = {p.name for p in golden.DUMP_DIR.glob("*.s")}
+    assert present == expected, f"stale dumps: {present - expected}, missing: {expected - present}"

@@ -250,10 +250,14 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
     tensorized = []
     for si, (start, count, t) in enumerate(_segments(ow, mr)):
         name = f"conv_{si}"
-        kern = GemmKernel(isa, t, bo, accumulate=False, batch_reduce=True) if t >= 2 else None
-        tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw) if t >= 2 else None
-        axes = tile.reduce_axes() if tile else [(a, e) for a, e in
-                                                (("q", g.nb), ("r", g.kh), ("s", g.kw), ("i", bi)) if e > 1]
+        axes = [(a, e) for a, e in (("q", g.nb), ("r", g.kh), ("s", g.kw), ("i", bi)) if e > 1]
+        # A one-pixel row or a one-element reduction (a 1x1 depthwise layer) has no tile to
+        # run; that block stays plain TIR.
+        tile = None
+        if t >= 2 and axes:
+            kern = GemmKernel(isa, t, bo, accumulate=False, batch_reduce=True)
+            tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw)
+            assert tile.reduce_axes() == axes
         red = [a for a, _ in axes]
         loops = ["tt", "m", "j"] + red if t >= 2 else ["tt", "j"] + red
         exts = [count, t, bo] + [e for _, e in axes] if t >= 2 else [count, bo] + [e for _, e in axes]
@@ -281,11 +285,14 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
             a_ref = f"P[{q}, {row}, {col}, {v.get('i', '0')}]"
         w_ref = f"Wt[vo, {v.get('q', '0')}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
         out_ref = f"Out[vn, vo, vyb * {vh} + vyi, {vx}, vj]"
-        L += [
-            "                            with T.init():",
-            f"                                {out_ref} = T.float32(0)",
-            f"                            {out_ref} = {out_ref} + {a_ref} * {w_ref}",
-        ]
+        if axes:
+            L += [
+                "                            with T.init():",
+                f"                                {out_ref} = T.float32(0)",
+                f"                            {out_ref} = {out_ref} + {a_ref} * {w_ref}",
+            ]
+        else:
+            L.append(f"                            {out_ref} = {a_ref} * {w_ref}")
         if tile:
             tensorized.append((name, tile))
     return "\n".join(L) + "\n", tensorized

@@ -53,13 +53,12 @@ def _pair(name: str, v, allow_zero: bool = False) -> tuple[int, int]:
 
 def _padding(p) -> tuple[int, int, int, int]:
     """int, (h, w) or (top, left, bottom, right) -> (top, left, bottom, right)."""
+    if isinstance(p, (tuple, list)) and len(p) not in (2, 4):
+        raise ValueError(f"padding must be an int, a pair or (top, left, bottom, right), got {p!r}")
     if isinstance(p, (tuple, list)) and len(p) == 4:
         vals = tuple(p)
     else:
-        try:
-            h, w = _pair("padding", p, allow_zero=True)
-        except ValueError:
-            raise ValueError(f"padding must be an int, a pair or (top, left, bottom, right), got {p!r}") from None
+        h, w = _pair("padding", p, allow_zero=True)
         vals = (h, w, h, w)
     for x in vals:
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):

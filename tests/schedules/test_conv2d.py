@@ -1,0 +1,336 @@
+"""schedules.conv2d: numerics over awkward layers, its plan, the blocked fast path, refused inputs."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedules
+from microkernels import DEFAULT_TILES, best_host_isa
+from schedules import layouts
+from schedules.conv2d import geometry  # `schedules.conv2d` itself is the function, not the module
+
+HOST = f"x86-{best_host_isa().name}"
+MR, NR = DEFAULT_TILES[best_host_isa().name]
+EPS = np.finfo(np.float32).eps
+
+
+def _pads(padding):
+    """int, (h, w) or (top, left, bottom, right) -> (top, left, bottom, right)."""
+    if isinstance(padding, int):
+        return (padding,) * 4
+    if len(padding) == 2:
+        return (padding[0], padding[1], padding[0], padding[1])
+    return tuple(padding)
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def ref_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """Plain float64 conv2d: NCHW data, OIHW weights (O, C/groups, KH, KW)."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    top, left, bottom, right = _pads(padding)
+    n, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
+    ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
+    out = np.zeros((n, o, oh, ow))
+    for g in range(groups):
+        xg = xp[:, g * cg:(g + 1) * cg]
+        wg = w[g * og:(g + 1) * og]
+        for r in range(kh):
+            for s in range(kw):
+                patch = xg[:, :, r * dh:r * dh + (oh - 1) * sh + 1:sh, s * dw:s * dw + (ow - 1) * sw + 1:sw]
+                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, wg[:, :, r, s])
+    return out
+
+
+def assert_conv_close(got, x, w, **conv):
+    """Compare a float32 conv2d against the float64 reference, with a bound from its reduction.
+
+    Every output is a dot product of length K = C/groups * KH * KW (zero padding, of the image
+    or of the blocked channels, adds exact zeros: an FMA with a zero product does not round).
+    As for GEMM in conftest.f32_tolerance: the K FMAs plus the initial zero are K+1 terms, each
+    rounding costs at most u = eps/2 relative to the running magnitude, so
+    |error| <= (K+1) * u * sum|x||w|; we allow eps (2u) per term, plus `tiny` for underflow.
+    sum|x||w| is the same convolution on |x| and |w|.
+    """
+    ref = ref_conv2d(x, w, **conv)
+    assert got.shape == ref.shape, f"shape {got.shape}, expected {ref.shape}"
+    assert got.dtype == np.float32
+    k = w.shape[1] * w.shape[2] * w.shape[3]
+    tol = (k + 1) * EPS * ref_conv2d(np.abs(x), np.abs(w), **conv) + np.finfo(np.float32).tiny
+    err = np.abs(got - ref)
+    bad = err > tol
+    assert not bad.any(), (f"{bad.sum()} of {bad.size} elements off; worst error {err.max():.3g} "
+                           f"vs its bound {tol.flat[np.argmax(err)]:.3g}")
+
+
+def _inputs(rng, data_shape, weight_shape):
+    return (rng.standard_normal(data_shape, dtype=np.float32),
+            rng.standard_normal(weight_shape, dtype=np.float32))
+
+
+def _check_segments(op, ow):
+    """The plan's tiles cover one output row exactly, and none has MR = 1 unless OW == 1."""
+    col = 0
+    for start, count, mr in op.plan["segments"]:
+        assert start == col, op.plan["segments"]
+        assert mr >= 2 or ow == 1, f"an MR=1 tile in {op.plan['segments']} for OW={ow}"
+        col += count * mr
+    assert col == ow, op.plan["segments"]
+
+
+def run_and_check(rng, data_shape, weight_shape, threads=None, **conv):
+    op = schedules.conv2d(data_shape, weight_shape, target=HOST, threads=threads, **conv)
+    x, w = _inputs(rng, data_shape, weight_shape)
+    out = op(x, w)
+    assert_conv_close(out, x, w, **conv)
+    _check_segments(op, out.shape[3])
+    return op, x, w, out
+
+
+# ---------------------------------------------------------------------------------------------
+# Numerics over random layers
+
+KSIZE = st.sampled_from([1, 2, 3, 4, 5, 7])
+PAD = st.integers(0, 3)
+PADDING = st.one_of(PAD, st.tuples(PAD, PAD), st.tuples(PAD, PAD, PAD, PAD))
+
+
+@st.composite
+def layers(draw):
+    """A valid layer: channels per group of any size (not only multiples of 16), H, W <= 20."""
+    groups = draw(st.sampled_from([1, 2, 3]))
+    cg = draw(st.one_of(st.sampled_from([1, 3, 16, 17]), st.integers(1, 40 // groups)))
+    og = draw(st.one_of(st.sampled_from([1, 5, 16, 17]), st.integers(1, 40 // groups)))
+    kh, kw = draw(KSIZE), draw(KSIZE)
+    stride = draw(st.one_of(st.integers(1, 3), st.tuples(st.integers(1, 3), st.integers(1, 3))))
+    dilation = draw(st.one_of(st.integers(1, 2), st.tuples(st.integers(1, 2), st.integers(1, 2))))
+    padding = draw(PADDING)
+    top, left, bottom, right = _pads(padding)
+    dh, dw = _pair(dilation)
+    # Constructed valid: the dilated kernel fits the padded input.
+    h = draw(st.integers(max(1, (kh - 1) * dh + 1 - top - bottom), 20))
+    w = draw(st.integers(max(1, (kw - 1) * dw + 1 - left - right), 20))
+    n = draw(st.integers(1, 2))
+    return dict(data_shape=(n, groups * cg, h, w), weight_shape=(groups * og, cg, kh, kw),
+                stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+# Each example compiles a module: fewer examples than the profile's (25 under "ci").
+@settings(max_examples=settings.default.max_examples * 5 // 8)
+@given(layer=layers(), threads=st.sampled_from([None, 1, 2]), seed=st.integers(0, 2**32 - 1))
+def test_conv2d_matches_reference(layer, threads, seed):
+    run_and_check(np.random.default_rng(seed), threads=threads, **layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Named layers
+
+
+def test_resnet_first_layer_scaled_down(rng):
+    """3 input channels (an input block narrower than 16), 7x7, stride 2, pad 3."""
+    op, *_ = run_and_check(rng, (1, 3, 32, 32), (16, 3, 7, 7), stride=2, padding=3)
+    assert op.blocked_data_shape == (1, 1, 32, 32, 3)
+
+
+@pytest.mark.parametrize("stride, hw", [(1, 14), (2, 15)])
+def test_pointwise(rng, stride, hw):
+    run_and_check(rng, (1, 32, hw, hw), (48, 32, 1, 1), stride=stride)
+
+
+@pytest.mark.parametrize("data_shape, weight_shape", [
+    ((1, 1, 8, 8), (4, 1, 1, 1)),      # one input channel, 1x1: a single product per output
+    ((1, 16, 8, 8), (16, 1, 1, 1)),    # depthwise 1x1
+])
+def test_pointwise_one_channel_per_group(rng, data_shape, weight_shape):
+    run_and_check(rng, data_shape, weight_shape, groups=data_shape[1] // weight_shape[1])
+
+
+@pytest.mark.parametrize("data_shape, weight_shape, padding", [
+    ((1, 8, 5, 5), (16, 8, 5, 5), 0),   # one output pixel
+    ((1, 8, 9, 3), (20, 8, 3, 3), 0),   # rows one pixel wide
+    ((1, 8, 9, 1), (20, 8, 3, 3), 1),   # ... made so by the padding
+])
+def test_output_one_pixel_wide(rng, data_shape, weight_shape, padding):
+    op, *_, out = run_and_check(rng, data_shape, weight_shape, padding=padding)
+    assert out.shape[3] == 1
+    assert op.plan["segments"] == [(0, 1, 1)]
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+def test_output_width_one_past_the_tile(rng, tiles):
+    """OW = k*MR + 1: the last column must not become an MR = 1 tile."""
+    ow = tiles * MR + 1
+    op, *_, out = run_and_check(rng, (1, 16, 5, ow + 2), (16, 16, 3, 3))
+    assert out.shape[3] == ow
+    assert all(mr >= 2 for _, _, mr in op.plan["segments"]), op.plan["segments"]
+
+
+@pytest.mark.parametrize("n, padding, threads", [(1, 1, 1), (1, 0, None), (2, 1, 2)])
+def test_band_mode(rng, n, padding, threads):
+    """An input over half of L2 blocked (64 ch x 40 x 40 x 4 B = 400 KiB) is cut into row bands."""
+    hw = 40 if padding else 42
+    op, *_ = run_and_check(rng, (n, 64, hw, hw), (64, 64, 3, 3), padding=padding, threads=threads)
+    assert op.plan["band_parallel"] is True
+    assert op.plan["band_rows"] < 40
+
+
+def test_batch_two(rng):
+    run_and_check(rng, (2, 20, 9, 11), (24, 20, 3, 3), stride=(1, 2), padding=(1, 0, 2, 1))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise(rng, stride):
+    run_and_check(rng, (1, 16, 12, 12), (16, 1, 3, 3), stride=stride, padding=1, groups=16)
+
+
+@pytest.mark.parametrize("data_shape, weight_shape, padding", [
+    ((1, 32, 12, 12), (64, 32, 3, 3), 1),   # output blocks split between threads
+    ((1, 64, 40, 40), (64, 64, 3, 3), 1),   # bands split between threads
+])
+def test_threads_give_identical_results(rng, data_shape, weight_shape, padding):
+    x, w = _inputs(rng, data_shape, weight_shape)
+    one = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=1)(x, w)
+    two = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=2)(x, w)
+    np.testing.assert_array_equal(one, two)
+    assert_conv_close(two, x, w, padding=padding)
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocked fast path and layouts
+
+
+@pytest.mark.parametrize("data_shape, weight_shape, groups", [
+    ((1, 20, 7, 9), (20, 20, 3, 3), 1),   # padded output channels
+    ((2, 10, 6, 6), (6, 5, 3, 3), 2),     # groups, each padded to a block
+    ((1, 3, 8, 8), (5, 3, 1, 1), 1),
+])
+def test_blocked_path_matches_and_pads_with_zeros(rng, data_shape, weight_shape, groups):
+    op = schedules.conv2d(data_shape, weight_shape, padding=1, groups=groups, target=HOST)
+    x, w = _inputs(rng, data_shape, weight_shape)
+    xb, wb = op.to_blocked(x), op.pack_weights(w)
+    assert xb.shape == op.blocked_data_shape and wb.shape == op.blocked_weight_shape
+    ob = op.run_blocked(xb, wb)
+    assert ob.shape == op.blocked_out_shape and ob.dtype == np.float32
+    np.testing.assert_array_equal(op.from_blocked(ob), op(x, w))
+    # Output channels past each group's last real one are exactly zero.
+    o = weight_shape[0]
+    og, blocks = o // groups, ob.shape[1] // groups
+    by_group = ob.transpose(0, 1, 4, 2, 3).reshape(ob.shape[0], groups, blocks * NR, *ob.shape[2:4])
+    assert np.all(by_group[:, :, og:] == 0)
+    assert op.flops == 2 * np.prod(op.from_blocked(ob).shape) * np.prod(weight_shape[1:])
+
+
+@given(n=st.integers(1, 2), groups=st.integers(1, 4), cg=st.integers(1, 40), h=st.integers(1, 5),
+       w=st.integers(1, 5), block=st.sampled_from([1, 3, 8, 16]), seed=st.integers(0, 2**32 - 1))
+def test_layout_round_trip(n, groups, cg, h, w, block, seed):
+    rng = np.random.default_rng(seed)
+    c = groups * cg
+    x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+    xb = layouts.to_nchwc(x, block, groups)
+    cb = -(-cg // block)
+    assert xb.shape == (n, groups * cb, h, w, block)
+    np.testing.assert_array_equal(layouts.from_nchwc(xb, c, groups), x)
+    # The padding lanes of each group are zero, and the real ones hold exactly the data.
+    by_group = xb.transpose(0, 1, 4, 2, 3).reshape(n, groups, cb * block, h, w)
+    assert np.all(by_group[:, :, cg:] == 0)
+    assert np.count_nonzero(xb) == np.count_nonzero(x)
+
+
+def test_packed_weights_round_trip(rng):
+    groups, og, cg, kh, kw, bi, bo = 3, 5, 7, 2, 3, 4, 16
+    wt = rng.standard_normal((groups * og, cg, kh, kw), dtype=np.float32)
+    p = layouts.pack_weights(wt, bi, bo, groups)
+    assert p.shape == (groups * 1, 2, kh, kw, bi, bo)
+    # (G*OB, IB, KH, KW, i, o) -> (G, OB*o, IB*i, KH, KW)
+    full = p.reshape(groups, 1, 2, kh, kw, bi, bo).transpose(0, 1, 6, 2, 5, 3, 4).reshape(groups, bo, 2 * bi, kh, kw)
+    np.testing.assert_array_equal(full[:, :og, :cg].reshape(wt.shape), wt)
+    assert np.all(full[:, og:] == 0) and np.all(full[:, :, cg:] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused inputs
+
+GOOD = dict(data_shape=(1, 4, 8, 8), weight_shape=(8, 4, 3, 3))
+
+
+@pytest.mark.parametrize("kwargs, exc, msg", [
+    (dict(weight_shape=(8, 2, 3, 3)), ValueError, r"weight_shape\[1\] must be in_channels/groups = 4/1 = 4, got 2"),
+    (dict(weight_shape=(8, 4, 3, 3), groups=2), ValueError, r"weight_shape\[1\] must be in_channels/groups"),
+    (dict(weight_shape=(8, 1, 3, 3), groups=3), ValueError, "groups=3 must divide both the input channels"),
+    (dict(weight_shape=(9, 2, 3, 3), groups=2), ValueError, "groups=2 must divide both"),
+    (dict(groups=0), ValueError, "groups must be >= 1"),
+    (dict(weight_shape=(8, 4, 9, 3)), ValueError, "kernel 9x3 is larger than the padded input 8x8"),
+    (dict(dilation=(5, 1)), ValueError, "kernel 11x3 is larger than the padded input"),
+    (dict(weight_shape=(8, 4, 11, 3), padding=1), ValueError, "kernel 11x3 is larger than the padded input 10x10"),
+    (dict(padding=-1), ValueError, "padding must be >= 0"),
+    (dict(padding=(0, -1)), ValueError, "padding must be >= 0"),
+    (dict(padding=(0, 0, -1, 0)), ValueError, "padding must be >= 0"),
+    (dict(padding=(1, 1, 1)), ValueError, r"padding must be an int, a pair or \(top, left, bottom, right\)"),
+    (dict(padding=1.5), TypeError, "padding must hold ints"),
+    (dict(stride=0), ValueError, "stride must be >= 1"),
+    (dict(stride=(1, 0)), ValueError, "stride must be >= 1"),
+    (dict(dilation=0), ValueError, "dilation must be >= 1"),
+    (dict(stride=(1, 1, 1)), ValueError, "stride must be an int or a pair"),
+    (dict(stride=1.5), TypeError, "stride must hold ints"),
+    (dict(stride=True), TypeError, "stride must hold ints"),
+    (dict(data_shape=(1, 4, 0, 8)), ValueError, r"data_shape\[2\] must be >= 1"),
+    (dict(data_shape=(4, 8, 8)), ValueError, "data_shape must be a tuple of 4 ints"),
+    (dict(dtype="int8"), ValueError, "dtype 'int8' is not supported"),
+    (dict(dtype="float16"), ValueError, "dtype 'float16' is not supported"),
+    (dict(algorithm="winograd"), ValueError, "algorithm 'winograd' is not available"),
+    (dict(target="x86-sse"), ValueError, "unknown target 'x86-sse'"),
+    (dict(target="llvm -mcpu=skylake-avx512"), ValueError, "no longer parses target strings"),
+    (dict(threads=0), ValueError, "threads must be >= 1"),
+    (dict(threads=1.0), TypeError, "threads must be an int"),
+])
+def test_bad_arguments(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        schedules.conv2d(**{**GOOD, **kwargs})
+
+
+def test_geometry_validates_without_compiling():
+    g = geometry((1, 4, 8, 8), (8, 4, 3, 3), stride=2, padding=(1, 0, 2, 1))
+    assert g.out_hw == (5, 4)
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        geometry((1, 4, 2, 8), (8, 4, 3, 3))
+
+
+@pytest.fixture(scope="module")
+def small_op():
+    return schedules.conv2d((1, 4, 8, 8), (8, 4, 3, 3), padding=1, target=HOST)
+
+
+_X = np.zeros((1, 4, 8, 8), np.float32)
+_W = np.zeros((8, 4, 3, 3), np.float32)
+
+
+@pytest.mark.parametrize("data, weight, exc, msg", [
+    (_X.astype(np.float64), _W, TypeError, "data must have dtype float32, got float64"),
+    (_X, _W.astype(np.float64), TypeError, "weight must have dtype float32"),
+    (np.zeros((1, 4, 8, 9), np.float32), _W, ValueError, r"data must have shape \(1, 4, 8, 8\)"),
+    (np.zeros((1, 8, 8, 4), np.float32).transpose(0, 3, 1, 2), _W, ValueError, "data must be C-contiguous"),
+    (_X, np.zeros((8, 4, 3, 2), np.float32), ValueError, r"weight must have shape \(8, 4, 3, 3\)"),
+    (_X, np.zeros((3, 3, 4, 8), np.float32).transpose(3, 2, 0, 1), ValueError, "weight must be C-contiguous"),
+    (_X.tolist(), _W, TypeError, "data must be a numpy.ndarray"),
+])
+def test_bad_arrays(small_op, data, weight, exc, msg):
+    with pytest.raises(exc, match=msg):
+        small_op(data, weight)
+
+
+def test_bad_blocked_arrays(small_op):
+    xb, wb = small_op.to_blocked(_X), small_op.pack_weights(_W)
+    with pytest.raises(ValueError, match="data must have shape"):
+        small_op.run_blocked(_X, wb)  # NCHW where NCHWc is expected
+    with pytest.raises(ValueError, match="weight must have shape"):
+        small_op.run_blocked(xb, _W)
+    with pytest.raises(ValueError, match="out must have shape"):
+        small_op.from_blocked(np.zeros((1, 1, 8, 8, 8), np.float32))

@@ -58,7 +58,8 @@ class ConvTile:
 
     @property
     def window(self) -> tuple[int, int]:
-        """Rows and columns of input one tile reads: KH + ... not MR*stride + KW - 1."""
+        """Input rows and columns one tile reads: (KH-1)*DH + 1 and (MR-1)*SW + (KW-1)*DW + 1
+        (not MR*SW + KW - 1, which over-counts by SW - 1)."""
         return (self.kh - 1) * self.dh + 1, (self.kern.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1
 
     @property

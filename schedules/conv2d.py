@@ -31,7 +31,8 @@ from intrinsics.f32_conv import ConvTile, register_conv
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 
 from . import layouts
-from .targets import check_array, positive_int, require_host, resolve, set_threads
+from .compiled import CompiledOp
+from .targets import check_array, positive_int, resolve
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -158,16 +159,15 @@ class Geometry:
 
 def _segments(ow: int, mr: int) -> list[tuple[int, int, int]]:
     """(first column, tiles, MR) runs covering one output row; no tile has MR = 1 unless ow = 1."""
-    full, rem = divmod(ow, mr)
     if ow == 1:
         return [(0, 1, 1)]
+    full, rem = divmod(ow, mr)
     if rem == 1:
-        # The last full tile and the single column become two tiles of at least 2.
+        # The last full tile and the lone column become two tiles of at least 2 each
+        # (ow >= 2 and rem == 1 imply full >= 1).
         full -= 1
         a = (mr + 2) // 2
-        tails = [a, mr + 1 - a] if full >= 0 else []
-        if full < 0:  # ow = 1 is handled above, so mr + 1 > ow here: not reachable
-            raise AssertionError
+        tails = [a, mr + 1 - a]
     else:
         tails = [rem] if rem else []
     segs, col = [], 0
@@ -298,7 +298,7 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
 
 
 
-class Conv2dOp:
+class Conv2dOp(CompiledOp):
     """A compiled conv2d for fixed shapes. op(data, weight) on NCHW / OIHW numpy arrays.
 
     The fast path a model uses keeps everything blocked: pack the weights once with
@@ -307,11 +307,8 @@ class Conv2dOp:
     """
 
     def __init__(self, geometry: Geometry, isa: Isa, lib, threads, plan: dict):
-        self.geometry, self.isa, self.lib, self.threads, self.plan = geometry, isa, lib, threads, plan
-
-    @property
-    def asm(self) -> str:
-        return self.lib.mod.inspect_source("asm")
+        super().__init__(isa, lib, threads)
+        self.geometry, self.plan = geometry, plan
 
     @property
     def flops(self) -> int:
@@ -347,29 +344,18 @@ class Conv2dOp:
     def _args(self, data_b, weight_b):
         check_array("data", data_b, self.blocked_data_shape, "float32")
         check_array("weight", weight_b, self.blocked_weight_shape, "float32")
-        require_host(self.isa)
-        set_threads(self.threads)
-        out = tvm.runtime.tensor(np.empty(self.blocked_out_shape, np.float32))
-        return tvm.runtime.tensor(data_b), tvm.runtime.tensor(weight_b), out
+        return self._tensors((data_b, weight_b), self.blocked_out_shape)
 
     def run_blocked(self, data_b: np.ndarray, weight_b: np.ndarray) -> np.ndarray:
-        d, w, out = self._args(data_b, weight_b)
-        self.lib(d, w, out)
-        return out.numpy()
+        return self._run(self._args(data_b, weight_b))
 
     def __call__(self, data: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return self.from_blocked(self.run_blocked(self.to_blocked(data), self.pack_weights(weight)))
 
     def time(self, data_b, weight_b, number=10, repeat=5, cold=False) -> list[float]:
-        """Seconds per call on blocked arrays, one entry per repeat.
-
-        cold: the cache is flushed before each repeat (TVM flushes per repeat, not per call, so
-        a cold measurement should use number=1).
-        """
-        args = self._args(data_b, weight_b)
-        kw = {"f_preproc": "cache_flush_cpu_non_first_arg"} if cold else {}
-        ev = self.lib.mod.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat, **kw)
-        return list(ev(*args).results)
+        """Seconds per call on blocked arrays, one entry per repeat (cold: caches flushed
+        before each repeat, so use number=1)."""
+        return self._time(self._args(data_b, weight_b), number, repeat, cold)
 
 
 def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, block=16) -> Geometry:

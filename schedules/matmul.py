@@ -21,7 +21,8 @@ from tvm import s_tir, te
 import intrinsics
 from microkernels import GemmKernel, Isa, default_kernel
 
-from .targets import check_array, positive_int, require_host, resolve, set_threads
+from .compiled import CompiledOp
+from .targets import check_array, positive_int, resolve
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -45,16 +46,12 @@ def _split_evenly(extent: int, unit: int, max_block: int) -> tuple[int, int]:
     return blocks, _ceil_div(units, blocks)
 
 
-class MatmulOp:
+class MatmulOp(CompiledOp):
     """A compiled C = A @ B for fixed (M, N, K); call it on numpy arrays."""
 
     def __init__(self, M, N, K, isa: Isa, kernel: GemmKernel, lib, threads):
-        self.M, self.N, self.K = M, N, K
-        self.isa, self.kernel, self.lib, self.threads = isa, kernel, lib, threads
-
-    @property
-    def asm(self) -> str:
-        return self.lib.mod.inspect_source("asm")
+        super().__init__(isa, lib, threads)
+        self.M, self.N, self.K, self.kernel = M, N, K, kernel
 
     @property
     def flops(self) -> int:
@@ -63,22 +60,14 @@ class MatmulOp:
     def _args(self, a, b):
         check_array("a", a, (self.M, self.K), "float32")
         check_array("b", b, (self.K, self.N), "float32")
-        require_host(self.isa)
-        set_threads(self.threads)
-        out = tvm.runtime.tensor(np.empty((self.M, self.N), np.float32))
-        return tvm.runtime.tensor(a), tvm.runtime.tensor(b), out
+        return self._tensors((a, b), (self.M, self.N))
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        ta, tb, tc = self._args(a, b)
-        self.lib(ta, tb, tc)
-        return tc.numpy()
+        return self._run(self._args(a, b))
 
     def time(self, a, b, number=10, repeat=5, cold=False) -> list[float]:
         """Seconds per call, one entry per repeat (cold: the cache is flushed before each repeat)."""
-        args = self._args(a, b)
-        kw = {"f_preproc": "cache_flush_cpu_non_first_arg"} if cold else {}
-        ev = self.lib.mod.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat, **kw)
-        return list(ev(*args).results)
+        return self._time(self._args(a, b), number, repeat, cold)
 
 
 def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = None,

@@ -26,6 +26,12 @@ from microkernels import GemmKernel, TileError
 _REGISTERED: list[str] = []
 
 
+def reduce_axes(nb: int, kh: int, kw: int, bi: int) -> list[tuple[str, int]]:
+    """(name, extent) of a conv tile's reduction loops, outer to inner, without unit extents:
+    input-channel block q, kernel row r, kernel column s, channel of the block i."""
+    return [(n, e) for n, e in (("q", nb), ("r", kh), ("s", kw), ("i", bi)) if e > 1]
+
+
 @dataclass(frozen=True)
 class ConvTile:
     """Geometry of one tensorized output tile. `kern` is a beta=0 batch-reduce GEMM tile."""
@@ -62,14 +68,8 @@ class ConvTile:
         (not MR*SW + KW - 1, which over-counts by SW - 1)."""
         return (self.kh - 1) * self.dh + 1, (self.kern.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1
 
-    @property
-    def macs(self) -> int:
-        return self.kern.mr * self.kern.nr * self.nb * self.kh * self.kw * self.bi
-
     def reduce_axes(self) -> list[tuple[str, int]]:
-        """(name, extent) of the reduction loops, outer to inner, without unit extents."""
-        axes = (("q", self.nb), ("r", self.kh), ("s", self.kw), ("i", self.bi))
-        return [(n, e) for n, e in axes if e > 1]
+        return reduce_axes(self.nb, self.kh, self.kw, self.bi)
 
     def a_index(self, v: dict) -> tuple[str, str, str, str]:
         """Index expressions (q, row, column, channel) into the input window.

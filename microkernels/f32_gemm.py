@@ -194,9 +194,8 @@ def _generate_batched(kern: GemmKernel) -> str:
     out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
     out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %k64, %ldb64"]
     for i, j in tiles:
-        out.append(f"  %co{i}_{j} = add i64 {j * lanes}, 0")
         out.append(f"  %crow{i}_{j} = mul i64 {i}, %ldc64")
-        out.append(f"  %coff{i}_{j} = add i64 %crow{i}_{j}, %co{i}_{j}")
+        out.append(f"  %coff{i}_{j} = add i64 %crow{i}_{j}, {j * lanes}")
         out.append(f"  %cp{i}_{j} = getelementptr inbounds float, ptr %c, i64 %coff{i}_{j}")
         init = f"%c0_{i}_{j}" if kern.accumulate else "zeroinitializer"
         if kern.accumulate:

@@ -27,7 +27,7 @@ from tvm import s_tir
 from tvm.script import parser
 from tvm.script import tirx as T
 
-from intrinsics.f32_conv import ConvTile, register_conv
+from intrinsics.f32_conv import ConvTile, reduce_axes, register_conv
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 
 from . import layouts
@@ -247,17 +247,17 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
     L.append(f"            for o in {o_loop}:")
     L.append(f"                for yi in T.serial({vh}):")
     tensorized = []
+    axes = reduce_axes(g.nb, g.kh, g.kw, bi)
+    red = [a for a, _ in axes]
+    v = {a: f"v{a}" for a in red}
     for si, (start, count, t) in enumerate(_segments(ow, mr)):
         name = f"conv_{si}"
-        axes = [(a, e) for a, e in (("q", g.nb), ("r", g.kh), ("s", g.kw), ("i", bi)) if e > 1]
         # A one-pixel row or a one-element reduction (a 1x1 depthwise layer) has no tile to
         # run; that block stays plain TIR.
         tile = None
         if t >= 2 and axes:
             kern = GemmKernel(isa, t, bo, accumulate=False, batch_reduce=True)
             tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw)
-            assert tile.reduce_axes() == axes
-        red = [a for a, _ in axes]
         loops = ["tt", "m", "j"] + red if t >= 2 else ["tt", "j"] + red
         exts = [count, t, bo] + [e for _, e in axes] if t >= 2 else [count, bo] + [e for _, e in axes]
         L.append(f"                    for {', '.join(loops)} in T.grid({', '.join(map(str, exts))}):")
@@ -271,17 +271,16 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
         L.append(f"                            vj = T.axis.spatial({bo}, j)")
         for a, e in axes:
             L.append(f"                            v{a} = T.axis.reduce({e}, {a})")
-        v = {a: f"v{a}" for a in red}
         qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""
         q = f"{qg}{v.get('q', '0')}"
-        row = f"vyi * {sh} + {v.get('r', '0')} * {dh}"
         vx = "vx0 + vm" if t >= 2 else "vx0"
         col = f"({vx}) * {sw} + {v.get('s', '0')} * {dw}"
-        if not g.padded:
+        if g.padded:  # P holds the band's rows only
+            row = f"vyi * {sh} + {v.get('r', '0')} * {dh}"
+            a_ref = f"P[{q}, {row}, {col}, {v.get('i', '0')}]"
+        else:
             row = f"(vyb * {vh} + vyi) * {sh} + {v.get('r', '0')} * {dh}"
             a_ref = f"D[vn, {q}, {row}, {col}, {v.get('i', '0')}]"
-        else:
-            a_ref = f"P[{q}, {row}, {col}, {v.get('i', '0')}]"
         w_ref = f"Wt[vo, {v.get('q', '0')}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
         out_ref = f"Out[vn, vo, vyb * {vh} + vyi, {vx}, vj]"
         if axes:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .isa import Isa
+
 _LABEL = re.compile(r"^([.\w$]+):")
 _LOCAL_LABEL = re.compile(r"\.L[\w$]+")
 _JUMP = re.compile(r"^\s*j\w+\s+(\.L[\w$]+)")
@@ -99,14 +101,15 @@ def fma_loops(fn_asm: str) -> list:
 _BOOKKEEPING = ("add", "sub", "inc", "dec", "lea", "cmp", "test", "j", "mov")
 
 
-def tile_loop_problems(lp: Loop, isa_name: str, mr: int, nv: int, reg: str) -> list[str]:
+def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int) -> list[str]:
     """Why `lp` is not exactly an MR x NV-vector tile's K step (empty list: it is).
 
-    Allowed: MR*NV FMAs on `reg` registers, NV vector loads (B), MR broadcasts of A (folded
+    Allowed: MR*NV FMAs on the ISA's vector registers (zmm or ymm), NV vector loads (B), MR broadcasts of A (folded
     into the FMAs as {1to16} on AVX-512 with NV = 1), and bookkeeping on general registers.
     Not allowed: any store, any load of the output tile, any stack access.
     """
     problems = []
+    reg = {512: "%zmm", 256: "%ymm"}[isa.vector_bits]
     fmas = [i for i in lp.body if i.startswith("vfmadd")]
     if len(fmas) != mr * nv or lp.count("vfmadd231ps") != len(fmas):
         problems.append(f"{len(fmas)} FMAs, expected {mr * nv} vfmadd231ps")
@@ -132,7 +135,7 @@ def tile_loop_problems(lp: Loop, isa_name: str, mr: int, nv: int, reg: str) -> l
     if other:
         problems.append(f"unexpected instructions: {other}")
     folded = sum("{1to16}" in i for i in fmas)
-    if isa_name == "avx512" and nv == 1:
+    if isa.embedded_broadcast and nv == 1:
         if folded != mr or lp.count("vbroadcastss"):
             problems.append(f"{folded} folded broadcasts of {mr}, {lp.count('vbroadcastss')} vbroadcastss")
     elif lp.count("vbroadcastss") != mr or folded:

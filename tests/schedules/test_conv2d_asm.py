@@ -22,12 +22,11 @@ def test_k_loops_hold_only_the_tile(compiled):
     tile_rows = {mr for _, _, mr in op.plan["segments"]}
     loops = asm.fma_loops(op.asm)
     assert loops, "no FMA loop: the tiles were not tensorized"
-    reg = "%zmm" if isa_name == "avx512" else "%ymm"
     seen = set()
     for lp in loops:
         mr = lp.count("vfmadd") // nv
         assert mr in tile_rows, f"{lp.label}: {lp.count('vfmadd')} FMAs fit no tile of {sorted(tile_rows)}"
-        problems = asm.tile_loop_problems(lp, isa_name, mr, nv, reg)
+        problems = asm.tile_loop_problems(lp, isa, mr, nv)
         assert not problems, f"{lp.label} ({mr}x{op.geometry.block} tile): {problems}\n" + "\n".join(lp.body)
         seen.add(mr)
     assert seen == tile_rows, f"tiles {sorted(tile_rows - seen)} have no K loop of their own"

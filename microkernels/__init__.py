@@ -5,9 +5,13 @@ This layer knows ISAs, registers and instructions, and nothing of TVM scheduling
 
 from .f32_fma_peak import FmaPeakKernel
 from .f32_gemm import DEFAULT_TILES, GemmKernel, TileError, check_tile, default_kernel, max_tiles
-from .isa import AVX2, AVX512, ISAS, Isa, best_host_isa, host_cpu_flags
+from .isa import AARCH64, AARCH64_DOT, ARM_ISAS, AVX2, AVX512, ISAS, NEON, Isa, best_host_isa, host_cpu_flags
 
 __all__ = [
+    "AARCH64",
+    "AARCH64_DOT",
+    "ARM_ISAS",
+    "NEON",
     "AVX2",
     "AVX512",
     "DEFAULT_TILES",

@@ -1,4 +1,4 @@
-"""Reading x86 assembly text (AT&T syntax, as LLVM prints it): normalize, find loops, count.
+"""Reading assembly text as LLVM prints it (x86 AT&T, ARMv7, AArch64): normalize, find loops, count.
 
 Kernel knowledge lives here so the tests state properties ("the K loop holds MR*NR/lanes FMAs")
 instead of re-parsing assembly each in its own way.
@@ -13,7 +13,15 @@ from .isa import Isa
 
 _LABEL = re.compile(r"^([.\w$]+):")
 _LOCAL_LABEL = re.compile(r"\.L[\w$]+")
-_JUMP = re.compile(r"^\s*j\w+\s+(\.L[\w$]+)")
+# Comment markers and branch forms per architecture. ARM immediates start with '#', so '#' is a
+# comment only on x86.
+_COMMENT = {"x86": "#", "armv7": "@", "aarch64": "//"}
+_JUMPS = {
+    "x86": re.compile(r"^\s*j\w+\s+(\.L[\w$]+)"),
+    "armv7": re.compile(r"^\s*b(?:eq|ne|hs|lo|mi|pl|hi|ls|ge|lt|gt|le|cs|cc)?\s+(\.L[\w$]+)"),
+    "aarch64": re.compile(r"^\s*(?:b(?:\.\w+)?|cbn?z\s+\w+,|tbn?z\s+\w+,\s*#\d+,)\s+(\.L[\w$]+)"),
+}
+_ARM_STACK = re.compile(r"\[sp\b|\bsp\]|\{[^}]*\}\s*,\s*\[sp|\b(?:push|pop|vpush|vpop)\b")
 # Stack spills and reloads: rsp-relative operands, and rbp-relative ones where the function
 # keeps a frame pointer (elsewhere rbp is just another register, e.g. a B-row pointer).
 _RSP = re.compile(r"\(%rsp[,)]")
@@ -30,7 +38,7 @@ def compute_function(asm: str, suffix: str = "_compute_") -> str:
     return "\n".join(lines[start:end])
 
 
-def normalize(fn_asm: str) -> str:
+def normalize(fn_asm: str, arch: str = "x86") -> str:
     """Instructions and block labels only, labels renumbered by first appearance.
 
     Debug locations, CFI, alignment and other directives, comments and temporary labels go:
@@ -38,7 +46,7 @@ def normalize(fn_asm: str) -> str:
     """
     kept = []
     for ln in fn_asm.splitlines():
-        s = ln.split("#", 1)[0].rstrip()
+        s = ln.split(_COMMENT[arch], 1)[0].rstrip()
         if not s.strip():
             continue
         m = _LABEL.match(s)
@@ -63,18 +71,22 @@ class Loop:
     label: str
     body: list  # instructions from the label to the backward jump, inclusive
     frame_pointer: bool = False  # the enclosing function keeps rbp as its frame pointer
+    arch: str = "x86"
 
     def count(self, mnemonic_prefix: str) -> int:
         return sum(1 for ins in self.body if ins.split()[0].startswith(mnemonic_prefix))
 
     def stack_accesses(self) -> list:
+        if self.arch != "x86":
+            return [i for i in self.body if _ARM_STACK.search(i)]
         return [i for i in self.body if _RSP.search(i) or (self.frame_pointer and _RBP.search(i))]
 
 
-def single_block_loops(fn_asm: str) -> list:
+def single_block_loops(fn_asm: str, arch: str = "x86") -> list:
     """Loops that are one basic block: a label whose block ends by jumping back to it."""
     loops, current, body, fp = [], None, [], False
-    for ln in normalize(fn_asm).splitlines():
+    jump = _JUMPS[arch]
+    for ln in normalize(fn_asm, arch).splitlines():
         m = _LABEL.match(ln)
         if m:
             if not m.group(1).startswith(".L"):
@@ -84,10 +96,10 @@ def single_block_loops(fn_asm: str) -> list:
         if ln.split() == ["movq", "%rsp,", "%rbp"]:
             fp = True
         body.append(ln.strip())
-        j = _JUMP.match(ln)
+        j = jump.match(ln)
         if j and current is not None:
             if j.group(1) == current:
-                loops.append(Loop(current, list(body), fp))
+                loops.append(Loop(current, list(body), fp, arch))
             current = None  # a jump ends the block (a fallthrough block has no label here)
     return loops
 
@@ -140,4 +152,45 @@ def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int) -> list[str]:
             problems.append(f"{folded} folded broadcasts of {mr}, {lp.count('vbroadcastss')} vbroadcastss")
     elif lp.count("vbroadcastss") != mr or folded:
         problems.append(f"{lp.count('vbroadcastss')} broadcasts, expected {mr}")
+    return problems
+
+
+# The by-lane MAC forms of the integer NEON tiles, and what must never appear in their K loop:
+# widening (the schedule widens once, when it packs), stores, and scalar multiplies.
+_MAC_FORMS = {
+    "neon": re.compile(r"^vmlal\.s16 q\d+, d\d+, d[0-7]\[[0-3]\]$"),
+    "aarch64": re.compile(r"^smlal2? v\d+\.4s, v\d+\.[48]h, v(?:[0-9]|1[0-5])\.h\[[0-7]\]$"),
+    "aarch64dot": re.compile(r"^sdot v\d+\.4s, v\d+\.16b, v\d+\.4b\[[0-3]\]$"),
+}
+_MAC_MNEMONICS = ("vmlal", "smlal", "sdot")
+_WIDENING = ("vmovl", "sxtl", "sshll", "uxtl", "ushll", "vmull", "smull", "sxth", "sxtb")
+_ARM_STORE = ("vst", "str", "st1", "st2", "st3", "st4", "stp", "stm", "push", "vpush")
+_ARM_SCALAR_MUL = ("mul", "mla", "smla", "smul", "madd", "msub")
+
+
+def mac_loops(fn_asm: str, arch: str) -> list:
+    return [lp for lp in single_block_loops(fn_asm, arch)
+            if any(i.split()[0].startswith(_MAC_MNEMONICS) for i in lp.body)]
+
+
+def mac_loop_problems(lp: Loop, isa_name: str, macs: int) -> list[str]:
+    """Why `lp` is not exactly an integer tile's K step of `macs` by-lane MAC instructions.
+
+    Allowed besides them: vector loads and general-register bookkeeping. Not allowed: a MAC
+    that is not the by-lane form, widening, stores, stack traffic, scalar multiplies.
+    """
+    problems = []
+    form = _MAC_FORMS[isa_name]
+    found = [i for i in lp.body if i.split()[0].startswith(_MAC_MNEMONICS)]
+    if len(found) != macs:
+        problems.append(f"{len(found)} MAC instructions, expected {macs}")
+    wrong = [i for i in found if not form.match(" ".join(i.split()))]
+    if wrong:
+        problems.append(f"MACs not in the by-lane form: {wrong[:3]}")
+    for label, prefixes in (("widening", _WIDENING), ("stores", _ARM_STORE), ("scalar multiplies", _ARM_SCALAR_MUL)):
+        bad = [i for i in lp.body if i.split()[0].startswith(prefixes) and not i.split()[0].startswith(_MAC_MNEMONICS)]
+        if bad:
+            problems.append(f"{label} in the K loop: {bad[:3]}")
+    if lp.stack_accesses():
+        problems.append(f"stack traffic: {lp.stack_accesses()}")
     return problems

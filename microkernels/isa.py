@@ -22,10 +22,16 @@ class Isa:
     # An FMA can take its broadcast operand straight from memory ({1to16}), so a broadcast
     # used once costs no register.
     embedded_broadcast: bool
+    # "x86", "armv7" or "aarch64": which emulator and toolchain run this code on another host.
+    arch: str = "x86"
+    # Registers a by-lane (indexed) multiply can take its scalar from: d0-d7 on ARMv7 for
+    # 16-bit lanes (counted here in q registers), v0-v15 on AArch64. 0: no by-lane form.
+    lane_registers: int = 0
 
     @property
     def target(self) -> dict:
-        return dict(self.llvm_target)
+        # Tuples keep the Isa hashable; TVM wants lists for multi-valued options such as mattr.
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.llvm_target}
 
     @property
     def vector_type(self) -> str:
@@ -62,7 +68,53 @@ AVX2 = Isa(
     embedded_broadcast=False,
 )
 
+# ARM NEON, for the integer kernels. These never run natively here: an x86 host has no "neon"
+# flag, so require_host refuses them and the schedules run them under qemu-user instead.
+# cortex-a53 is the Raspberry Pi 3 class core; without the hard-float ABI a 32-bit object does
+# not link with a gnueabihf toolchain.
+NEON = Isa(
+    name="neon",
+    lanes=4,
+    vector_registers=16,
+    vector_bits=128,
+    llvm_target=(("kind", "llvm"), ("mtriple", "armv7l-linux-gnueabihf"), ("mcpu", "cortex-a53"),
+                 ("mattr", ("+neon",)), ("mfloat-abi", "hard")),
+    host_flags=("neon",),
+    embedded_broadcast=False,
+    arch="armv7",
+    lane_registers=4,
+)
+
+AARCH64 = Isa(
+    name="aarch64",
+    lanes=4,
+    vector_registers=32,
+    vector_bits=128,
+    llvm_target=(("kind", "llvm"), ("mtriple", "aarch64-linux-gnu"), ("mcpu", "cortex-a53"),
+                 ("mattr", ("+neon",))),
+    host_flags=("asimd",),
+    embedded_broadcast=False,
+    arch="aarch64",
+    lane_registers=16,
+)
+
+# ARMv8.2 dot product (sdot): cortex-a55 is the in-order core that has it.
+AARCH64_DOT = Isa(
+    name="aarch64dot",
+    lanes=4,
+    vector_registers=32,
+    vector_bits=128,
+    llvm_target=(("kind", "llvm"), ("mtriple", "aarch64-linux-gnu"), ("mcpu", "cortex-a55"),
+                 ("mattr", ("+neon", "+dotprod"))),
+    host_flags=("asimddp",),
+    embedded_broadcast=False,
+    arch="aarch64",
+    lane_registers=32,
+)
+
+# The FP32 kernels' ISAs, and the integer kernels' ones: each family iterates its own.
 ISAS = {isa.name: isa for isa in (AVX512, AVX2)}
+ARM_ISAS = {isa.name: isa for isa in (NEON, AARCH64, AARCH64_DOT)}
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,146 @@
+"""TensorIntrins for one output tile of a spatially packed integer convolution on a NEON MAC tile.
+
+Description, for an MR x NR output tile (MR output pixels of one row, NR output channels):
+    C[m, j] += sum over (r, s, i) of int32(A[r*dh, m*sw + s*dw, i]) * int32(B[r, s, i, j])
+A is a window of the packed input (rows, columns, the group's channels i, zero point already
+subtracted), B the tile's weights (KH, KW, channels, NR), C a row of the int32 output.
+C accumulates: the schedule zeroes it in an init block, and the implementation calls the kernel
+once per kernel row r. With dw = 1 the columns of a row (s, i) lie back to back in A, so one
+call covers KW * channels values of K; with dilation it is one call per (r, s).
+
+Loops of extent 1 are left out of the description, as in `f32_conv`, so the TVMScript is
+rendered per geometry and `reduce_axes` decides which loops exist for schedule and intrinsic.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from microkernels import TileError
+from microkernels.int_mac import MacKernel
+
+_REGISTERED: list[str] = []
+
+
+def reduce_axes(kh: int, kw: int, ci: int) -> list[tuple[str, int]]:
+    """(name, extent) of the tile's reduction loops, outer to inner, without unit extents:
+    kernel row r, kernel column s, channel i."""
+    return [(n, e) for n, e in (("r", kh), ("s", kw), ("i", ci)) if e > 1]
+
+
+@dataclass(frozen=True)
+class IntConvTile:
+    kern: MacKernel
+    kh: int
+    kw: int
+    ci: int  # packed channels of a group: the pixel stride of A
+    sw: int = 1
+    dh: int = 1
+    dw: int = 1
+
+    def __post_init__(self):
+        for label in ("kh", "kw", "ci", "sw", "dh", "dw"):
+            v = getattr(self, label)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise TileError(f"{label} must be a positive int, got {v!r}")
+        if self.kern.op != "mac":
+            raise TileError(f"an int conv tile runs on an s16 mac kernel, got {self.kern.name}")
+        if self.kern.mr < 2:
+            raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
+        if self.k_run % self.kern.k_step:
+            raise TileError(f"one kernel call covers {self.k_run} values of K, not a multiple of "
+                            f"{self.kern.name}'s step {self.kern.k_step}; pad the channels")
+
+    @property
+    def k_run(self) -> int:
+        """K of one kernel call: a whole kernel row when dw = 1, one column otherwise."""
+        return self.kw * self.ci if self.dw == 1 else self.ci
+
+    @property
+    def name(self) -> str:
+        return f"{self.kern.name}_conv_k{self.kh}x{self.kw}_c{self.ci}_s{self.sw}_d{self.dh}x{self.dw}"
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """Input rows and columns one tile reads."""
+        return (self.kh - 1) * self.dh + 1, (self.kern.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1
+
+    def reduce_axes(self) -> list[tuple[str, int]]:
+        return reduce_axes(self.kh, self.kw, self.ci)
+
+    def a_index(self, v: dict) -> tuple[str, str, str]:
+        """Index expressions (row, column, channel) into the window; `v` maps "m", "r", "s", "i" to
+        iterator text, and an axis absent from reduce_axes() contributes 0."""
+        get = lambda k: v.get(k, "0")  # noqa: E731
+        return f"{get('r')} * {self.dh}", f"{get('m')} * {self.sw} + {get('s')} * {self.dw}", get("i")
+
+    def b_index(self, v: dict) -> tuple[str, ...]:
+        get = lambda k: v.get(k, "0")  # noqa: E731
+        return get("r"), get("s"), get("i"), v["j"]
+
+
+def _render(tile: IntConvTile, impl: bool) -> str:
+    mr, nr, dt, ci = tile.kern.mr, tile.kern.nr, tile.kern.dtype, tile.ci
+    ah, aw = tile.window
+    a_shape, b_shape = (ah, aw, ci), (tile.kh, tile.kw, ci, nr)
+    names = [n for n, _ in tile.reduce_axes()]
+    v = {n: f"v{n}" for n in ["m", "j"] + names}
+    a_idx, b_idx = ", ".join(tile.a_index(v)), ", ".join(tile.b_index(v))
+    region = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
+    # Pixels are `ci` apart in A, fixed in both halves: that is what makes (s, i) one run.
+    a_strides = f"[{'s1' if impl else 'T.int32()'}, {ci}, 1]"
+    c_strides = "[sc, 1]" if impl else "[T.int32(), 1]"
+    lines = ["@T.prim_func(s_tir=True)", "def f(a: T.handle, b: T.handle, c: T.handle):"]
+    if impl:
+        lines += ["    s1 = T.int32()", "    sc = T.int32()"]
+    lines += [
+        f"    A = T.match_buffer(a, {a_shape}, '{dt}', offset_factor=1, strides={a_strides})",
+        f"    B = T.match_buffer(b, {b_shape}, '{dt}', offset_factor=1)",
+        f"    C = T.match_buffer(c, ({mr}, {nr}), 'int32', offset_factor=1, strides={c_strides})",
+        "    with T.sblock('root'):",
+        f"        T.reads(C[0:{mr}, 0:{nr}], A[{region(a_shape)}], B[{region(b_shape)}])",
+        f"        T.writes(C[0:{mr}, 0:{nr}])",
+    ]
+    if impl:
+        calls = [("r", tile.kh)] + ([] if tile.dw == 1 else [("s", tile.kw)])
+        a_off = f"r * {tile.dh} * s1" + ("" if tile.dw == 1 else f" + s * {tile.dw * ci}")
+        b_off = f"r * {tile.kw * ci * nr}" + ("" if tile.dw == 1 else f" + s * {ci * nr}")
+        lines.append("        with T.attr(0, 'pragma_import_llvm', kernel_ir):")
+        lines.append(f"            for {', '.join(n for n, _ in calls)} in T.grid({', '.join(str(e) for _, e in calls)}):")
+        lines.append(
+            f"                T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r', offset={a_off}),"
+            f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {nr}, C.access_ptr('w'), sc, {tile.k_run}))")
+    else:
+        loop_vars = ", ".join(["m", "j"] + names)
+        extents = ", ".join(str(e) for e in [mr, nr] + [e for _, e in tile.reduce_axes()])
+        lines += [
+            f"        for {loop_vars} in T.grid({extents}):",
+            "            with T.sblock('update'):",
+            f"                {', '.join(v[n] for n in ['m', 'j'] + names)} = "
+            f"T.axis.remap('SS{'R' * len(names)}', [{loop_vars}])",
+            f"                C[vm, vj] = C[vm, vj] + T.Cast('int32', A[{a_idx}]) * T.Cast('int32', B[{b_idx}])",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def render_description(tile: IntConvTile) -> str:
+    return _render(tile, impl=False)
+
+
+@functools.lru_cache(maxsize=None)
+def register_int_conv(tile: IntConvTile) -> str:
+    """Register (once) the intrinsic for one conv tile geometry; return its name."""
+    desc = parser.parse(_render(tile, impl=False), extra_vars={"T": T})
+    impl = parser.parse(_render(tile, impl=True), extra_vars={"T": T, "kernel_ir": tile.kern.llvm_ir()})
+    s_tir.TensorIntrin.register(tile.name, desc, impl)
+    _REGISTERED.append(tile.name)
+    return tile.name
+
+
+def names() -> list[str]:
+    return list(_REGISTERED)

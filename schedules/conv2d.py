@@ -32,6 +32,7 @@ from microkernels import DEFAULT_TILES, GemmKernel, Isa
 
 from . import layouts
 from .compiled import CompiledOp
+from .conv2d_int8 import conv2d_int8, conv_kernel
 from .targets import check_array, positive_int, resolve
 
 
@@ -378,20 +379,35 @@ def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
 
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
            target="native", algorithm="direct", threads=None,
-           blocking: ConvBlocking = ConvBlocking()) -> Conv2dOp:
+           blocking: ConvBlocking = ConvBlocking(), input_zero_point=None, weight_zero_point=None,
+           weight_dtype=None):
     """Compile a conv2d for NCHW data of `data_shape` and OIHW weights of `weight_shape`.
 
     stride, dilation: int or (h, w). padding: int, (h, w) or (top, left, bottom, right).
-    target: "x86-avx512", "x86-avx2" or "native". threads: TVM's pool size while it runs
-    (None: one per core). Returns a Conv2dOp: op(data, weight) -> NCHW output.
+    target: "x86-avx512", "x86-avx2" or "native" (float32), or "armv7-neon", "aarch64-neon",
+    "aarch64-dotprod" (quantized: dtype "int8"/"uint8", int32 output of
+    sum (x - input_zero_point) * (w - weight_zero_point); weight_dtype defaults to "int8";
+    dtype "int16" takes data the legalize pass already widened). threads: TVM's pool size
+    while it runs (None: one per core; the ARM targets run single-threaded).
+    Returns a Conv2dOp (x86) or an Int8Conv2dOp (ARM): op(data, weight) -> NCHW output.
     """
-    if dtype != "float32":
-        raise ValueError(f"dtype {dtype!r} is not supported on x86 targets; use 'float32'")
     if algorithm != "direct":
         raise ValueError(f"algorithm {algorithm!r} is not available; use 'direct'")
     if threads is not None:
         threads = positive_int("threads", threads)
     isa = resolve(target)
+    if isa.arch != "x86":
+        if weight_dtype is None:
+            weight_dtype = "int16" if dtype == "int16" else "int8"
+        zps = (0 if input_zero_point is None else input_zero_point, 0 if weight_zero_point is None else weight_zero_point)
+        g = geometry(data_shape, weight_shape, stride, padding, dilation, groups, block=conv_kernel(isa).nr)
+        return conv2d_int8(g, isa, dtype, weight_dtype, *zps)
+    if dtype != "float32":
+        hint = " (quantized conv2d runs on the ARM targets: armv7-neon, aarch64-neon, aarch64-dotprod)" \
+            if dtype in ("int8", "uint8") else ""
+        raise ValueError(f"dtype {dtype!r} is not supported on x86 targets; use 'float32'{hint}")
+    if input_zero_point is not None or weight_zero_point is not None or weight_dtype is not None:
+        raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
     mr, nr = DEFAULT_TILES[isa.name]
     g = geometry(data_shape, weight_shape, stride, padding, dilation, groups, block=nr)
     vh, band_parallel = _bands(g, blocking, threads or os.cpu_count() or 1)

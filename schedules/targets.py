@@ -7,9 +7,10 @@ import os
 import numpy as np
 import tvm_ffi
 
-from microkernels import ISAS, Isa, best_host_isa
+from microkernels import ARM_ISAS, ISAS, Isa, best_host_isa
 
-PRESETS = {"x86-avx512": "avx512", "x86-avx2": "avx2"}
+PRESETS = {"x86-avx512": "avx512", "x86-avx2": "avx2",
+           "armv7-neon": "neon", "aarch64-neon": "aarch64", "aarch64-dotprod": "aarch64dot"}
 
 # TVM sizes its worker pool once, from this variable, when it first runs parallel code, and
 # config_threadpool can only shrink it later; without it the pool may start with one thread.
@@ -25,7 +26,8 @@ def resolve(target) -> Isa:
     if target == "native":
         return best_host_isa()
     if isinstance(target, str) and target in PRESETS:
-        return ISAS[PRESETS[target]]
+        name = PRESETS[target]
+        return ISAS.get(name) or ARM_ISAS[name]
     hint = ""
     if isinstance(target, str) and target.startswith("llvm"):
         hint = " (TVM 0.27 no longer parses target strings such as 'llvm -mcpu=...'; pick a preset)"

@@ -1,0 +1,323 @@
+"""Quantized conv2d for ARM NEON, spatial pack, tensorized on the int16 MAC tile.
+
+Computes out[n, o, y, x] = sum (x_in - zp_x) * (w - zp_w) in int32, from int8/uint8 data and
+weights. Three stages, as in TVM's ARM spatial-pack schedule:
+    pack (data_vec):   x - zp_x widened to int16, zero-padded (a padded pixel is the zero point,
+                       so it contributes 0), channels last: (N, G, Hp, Wp, Cp)
+    conv (conv_vec):   MR pixels x NR output channels per tile, the tile's whole reduction
+                       (KH calls of K = KW*Cp, the row's columns back to back) on the kernel;
+                       the output row is padded up to a multiple of MR, so no tail tiles
+    unpack:            the int32 tiles back to NCHW
+The weights are widened and packed once, outside, by `pack_weights` (kernel_vec): w - zp_w as
+int16, (G, O/NR, KH, KW, Cp, NR). Upcasting to int16 here, at the schedule, keeps the weights int8
+in the model; `relax_int8.legalize_int8_conv2d` is the other design point (upcast in the graph).
+
+Depthwise layers (groups = in = out channels) skip the GEMM: channels sit in vector lanes and
+each tap is one `vmlal.s16` over 8 channels, so nothing is padded to a tile.
+
+ARM code is compiled here and, since this host is x86, run under qemu-user (`emulate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from intrinsics.int_conv import IntConvTile, reduce_axes, register_int_conv
+from microkernels import Isa
+from microkernels.int_mac import MacKernel, default_mac_kernel
+
+from . import emulate
+from .targets import check_array
+
+# |x - zp_x| and |w - zp_w| are at most 255 for 8-bit data, so each product is at most 65025 in
+# magnitude, and a sum of K of them is exact in int32 while K * 65025 <= 2**31 - 1.
+MAX_PRODUCT = 255 * 255
+MAX_K = (2**31 - 1) // MAX_PRODUCT  # 33025
+ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
+DEPTHWISE_LANES = 8  # int16 channels per q register
+
+
+def _ceil_to(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def zero_point(name: str, zp, dtype: str) -> int:
+    if isinstance(zp, (bool, np.bool_)) or not isinstance(zp, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(zp).__name__}")
+    lo, hi = ZERO_POINT_RANGE[dtype]
+    if not lo <= zp <= hi:
+        what = "int16 data is already zero-point free (the legalized form)" if dtype == "int16" else f"{dtype} values"
+        raise ValueError(f"{name}={zp} is out of range for {dtype}: must lie in [{lo}, {hi}] ({what})")
+    return int(zp)
+
+
+@dataclass(frozen=True)
+class Int8Plan:
+    """Sizes of the packed buffers for one layer (g: the validated conv2d Geometry)."""
+
+    g: object
+    kern: MacKernel
+    depthwise: bool
+
+    @property
+    def cp(self) -> int:
+        """Packed channels per group: the fewest >= C/groups that make one kernel call's K (a
+        whole kernel row when dw = 1, one column otherwise) a multiple of the kernel's K step."""
+        if self.depthwise:
+            return 1
+        span = self.g.kw if self.g.dilation[1] == 1 else 1
+        cp = self.g.cg
+        while (span * cp) % self.kern.k_step:
+            cp += 1
+        return cp
+
+    @property
+    def op(self) -> int:  # packed output channels per group
+        return _ceil_to(self.g.og, self.kern.nr)
+
+    @property
+    def ow_padded(self) -> int:
+        return self.g.out_hw[1] if self.depthwise else _ceil_to(self.g.out_hw[1], self.kern.mr)
+
+    @property
+    def packed_hw(self) -> tuple[int, int]:
+        g, (oh, _) = self.g, self.g.out_hw
+        (sh, sw), (dh, dw) = g.stride, g.dilation
+        return (oh - 1) * sh + (g.kh - 1) * dh + 1, (self.ow_padded - 1) * sw + (g.kw - 1) * dw + 1
+
+    @property
+    def weight_shape(self) -> tuple:
+        g = self.g
+        if self.depthwise:
+            return (g.kh, g.kw, _ceil_to(g.c, DEPTHWISE_LANES))
+        return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp, self.kern.nr)
+
+
+def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int) -> np.ndarray:
+    """OIHW int8/uint8 (or int16, zero point already out) -> int16 kernel_vec, w - zp_w."""
+    g = plan.g
+    w = weight.astype(np.int16) - np.int16(zp_w)
+    out = np.zeros(plan.weight_shape, np.int16)
+    if plan.depthwise:
+        out[:, :, : g.c] = w[:, 0].transpose(1, 2, 0)
+        return out
+    nr = plan.kern.nr
+    # (G, og, cg, KH, KW) -> (G, og_padded, KH, KW, cg) -> blocks of NR output channels
+    wg = w.reshape(g.groups, g.og, g.cg, g.kh, g.kw).transpose(0, 1, 3, 4, 2)
+    full = np.zeros((g.groups, plan.op, g.kh, g.kw, plan.cp), np.int16)
+    full[:, : g.og, :, :, : g.cg] = wg
+    out[...] = full.reshape(g.groups, plan.op // nr, nr, g.kh, g.kw, plan.cp).transpose(0, 1, 3, 4, 5, 2)
+    return out
+
+
+def _render_pack(plan: Int8Plan, dtype: str, zp: int, groups_dim: bool) -> list[str]:
+    g = plan.g
+    hp, wp = plan.packed_hw
+    top, left = g.pad[0], g.pad[1]
+    cp = _ceil_to(g.c, DEPTHWISE_LANES) if plan.depthwise else plan.cp
+    conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
+    if cp != (g.c if plan.depthwise else g.cg):
+        conds.insert(0, f"vc < {g.c if plan.depthwise else g.cg}")
+    chan = "vc" if plan.depthwise else f"vg * {g.cg} + vc"
+    value = f"T.Cast('int16', D[vn, {chan}, vy - {top}, vx - {left}])" + (f" - T.int16({zp})" if zp else "")
+    gi = ("vg, " if groups_dim else "")
+    loops = ("n, gg, y, x, c", f"{g.n}, {g.groups}, {hp}, {wp}, {cp}", "vn, vg, vy, vx, vc", "SSSSS") if groups_dim \
+        else ("n, y, x, c", f"{g.n}, {hp}, {wp}, {cp}", "vn, vy, vx, vc", "SSSS")
+    return [
+        f"    for {loops[0]} in T.grid({loops[1]}):",
+        "        with T.sblock('pack'):",
+        f"            {loops[2]} = T.axis.remap('{loops[3]}', [{loops[0]}])",
+        f"            P[vn, {gi}vy, vx, vc] = T.if_then_else({' and '.join(conds)}, {value}, T.int16(0))",
+    ]
+
+
+def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool) -> tuple[str, IntConvTile]:
+    g, kern = plan.g, plan.kern
+    mr, nr, cp = kern.mr, kern.nr, plan.cp
+    oh, ow = g.out_hw
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    hp, wp = plan.packed_hw
+    owp, ob = plan.ow_padded, plan.op // nr
+    tile = IntConvTile(kern, g.kh, g.kw, cp, sw, dh, dw)
+    axes = reduce_axes(g.kh, g.kw, cp)
+    red = [a for a, _ in axes]
+    v = {a: f"v{a}" for a in red} | {"m": "vm", "j": "vj"}
+    row, col, ch = tile.a_index(v)
+    x0 = "vx0" if for_tensorize else "0"
+    acc = f"Acc[vn, vg, vob, vy, {x0} + vm, vj]"
+    L = [
+        "@T.prim_func(s_tir=True)",
+        f"def main(D: T.Buffer(({g.n}, {g.c}, {g.h}, {g.w}), '{dtype}'),"
+        f" Wv: T.Buffer({plan.weight_shape}, 'int16'), Out: T.Buffer(({g.n}, {g.o}, {oh}, {ow}), 'int32')):",
+        "    T.func_attr({'tirx.noalias': True})",
+        f"    P = T.alloc_buffer(({g.n}, {g.groups}, {hp}, {wp}, {cp}), 'int16')",
+        f"    Acc = T.alloc_buffer(({g.n}, {g.groups}, {ob}, {oh}, {owp}, {nr}), 'int32')",
+    ]
+    L += _render_pack(plan, dtype, zp, groups_dim=True)
+    L += [
+        f"    for n, gg, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):",
+    ]
+    red_loops = f"for {', '.join(['m', 'j'] + red)} in T.grid({', '.join(str(e) for e in [mr, nr] + [e for _, e in axes])}):"
+    head = ["vn, vg, vob, vy = T.axis.remap('SSSS', [n, gg, o, y])"]
+    if for_tensorize:
+        # The tile's first column is its own iterator, so the inner bindings after blockize are
+        # exactly the description's m (not tt * MR + m). TIR's decompose_reduction refuses such a
+        # binding, so the zeroing is a block of its own, ahead of the tile.
+        head += [f"vx0 = T.axis.spatial({owp}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
+        L += [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('zero'):"]
+        L += [f"                {h}" for h in head] + ["                vj = T.axis.spatial(%d, j)" % nr, f"                {acc} = 0"]
+    else:
+        head += [f"vm = T.axis.spatial({owp}, tt * {mr} + m)"]
+    L += [f"        {red_loops}", "            with T.sblock('conv'):"]
+    L += [f"                {h}" for h in head] + [f"                vj = T.axis.spatial({nr}, j)"]
+    L += [f"                v{a} = T.axis.reduce({e}, {a})" for a, e in axes]
+    a_ref = f"P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}]"
+    w_ref = f"Wv[vg, vob, {v.get('r', '0')}, {v.get('s', '0')}, {ch}, vj]"
+    if not for_tensorize:
+        L += ["                with T.init():", f"                    {acc} = 0"]
+    L += [
+        f"                {acc} = {acc} + T.Cast('int32', {a_ref}) * T.Cast('int32', {w_ref})",
+        f"    for n, o, y, x in T.grid({g.n}, {g.o}, {oh}, {ow}):",
+        "        with T.sblock('unpack'):",
+        "            vn, vo, vy, vx = T.axis.remap('SSSS', [n, o, y, x])",
+        f"            Out[vn, vo, vy, vx] = Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]",
+    ]
+    return "\n".join(L) + "\n", tile
+
+
+def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> str:
+    g = plan.g
+    oh, ow = g.out_hw
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    hp, wp = plan.packed_hw
+    cp = _ceil_to(g.c, DEPTHWISE_LANES)
+    L = [
+        "@T.prim_func(s_tir=True)",
+        f"def main(D: T.Buffer(({g.n}, {g.c}, {g.h}, {g.w}), '{dtype}'),"
+        f" Wv: T.Buffer({plan.weight_shape}, 'int16'), Out: T.Buffer(({g.n}, {g.o}, {oh}, {ow}), 'int32')):",
+        "    T.func_attr({'tirx.noalias': True})",
+        f"    P = T.alloc_buffer(({g.n}, {hp}, {wp}, {cp}), 'int16')",
+        f"    Acc = T.alloc_buffer(({g.n}, {oh}, {ow}, {cp}), 'int32')",
+    ]
+    L += _render_pack(plan, dtype, zp, groups_dim=False)
+    L += [
+        f"    for n, y, x, c, r, s in T.grid({g.n}, {oh}, {ow}, {cp}, {g.kh}, {g.kw}):",
+        "        with T.sblock('conv'):",
+        "            vn, vy, vx, vc, vr, vs = T.axis.remap('SSSSRR', [n, y, x, c, r, s])",
+        "            with T.init():",
+        "                Acc[vn, vy, vx, vc] = 0",
+        "            Acc[vn, vy, vx, vc] = Acc[vn, vy, vx, vc] + "
+        f"T.Cast('int32', P[vn, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc]) * T.Cast('int32', Wv[vr, vs, vc])",
+        f"    for n, c, y, x in T.grid({g.n}, {g.c}, {oh}, {ow}):",
+        "        with T.sblock('unpack'):",
+        "            vn, vc, vy, vx = T.axis.remap('SSSS', [n, c, y, x])",
+        "            Out[vn, vc, vy, vx] = Acc[vn, vy, vx, vc]",
+    ]
+    return "\n".join(L) + "\n"
+
+
+def conv_kernel(isa: Isa) -> MacKernel:
+    """The tile a conv runs on. The dot-product target reuses AArch64's int16 tile: sdot takes
+    int8 as is, so zero points cannot be subtracted while packing; see the README."""
+    return default_mac_kernel("aarch64" if isa.name == "aarch64dot" else isa.name)
+
+
+def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True):
+    """(IRModule after scheduling, plan). tensorize=False vectorizes the same tiling instead: the
+    'LLVM chooses the instructions' baseline of `bench arm`."""
+    depthwise = g.groups == g.c == g.o and g.groups > 1
+    plan = Int8Plan(g, conv_kernel(isa), depthwise)
+    if depthwise:
+        sch = s_tir.Schedule(parser.parse(_render_depthwise(plan, dtype, zp_x), extra_vars={"T": T}))
+        blk = sch.get_sblock("conv")
+        n, y, x, c, r, s = sch.get_loops(blk)
+        co, ci = sch.split(c, [None, DEPTHWISE_LANES])
+        # Taps outside the lanes: the 8 accumulators of a pixel stay in one register pair
+        # across all KH*KW taps, and each tap is one widening MAC over 8 channels.
+        sch.reorder(co, r, s, ci)
+        sch.vectorize(ci)
+        init = sch.decompose_reduction(blk, r)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch.mod, plan
+    text, tile = _render_gemm(plan, dtype, zp_x, tensorize)
+    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    blk = sch.get_sblock("conv")
+    m = sch.get_loops(blk)[5]
+    if tensorize:
+        sch.vectorize(sch.get_loops(sch.get_sblock("zero"))[-1])
+        sch.tensorize(m, register_int_conv(tile))
+    else:
+        # Same tiling with the reduction outside and the tile's MR x NR accumulators inside,
+        # NR vectorized: what a good TIR schedule gets from LLVM without a hand-written kernel.
+        loops = sch.get_loops(blk)
+        sch.reorder(*loops[7:], loops[5], loops[6])
+        sch.unroll(loops[5])
+        sch.vectorize(loops[6])
+        init = sch.decompose_reduction(blk, loops[7])
+        sch.vectorize(sch.get_loops(init)[-1])
+    return sch.mod, plan
+
+
+class Int8Conv2dOp:
+    """A compiled quantized conv2d for one ARM target. op(data, weight) -> int32 NCHW output,
+    run under qemu-user. `op.pack_weights(weight)` gives kernel_vec once; `op.run_packed(data,
+    packed)` then skips it. `op.asm` is the ARM assembly."""
+
+    def __init__(self, g, isa: Isa, lib, plan: Int8Plan, dtype: str, weight_dtype: str, zp_x: int, zp_w: int):
+        self.geometry, self.isa, self.lib, self.plan = g, isa, lib, plan
+        self.dtype, self.weight_dtype, self.zp_x, self.zp_w = dtype, weight_dtype, zp_x, zp_w
+
+    @property
+    def asm(self) -> str:
+        return self.lib.mod.inspect_source("asm")
+
+    @property
+    def out_shape(self) -> tuple:
+        g = self.geometry
+        return (g.n, g.o, *g.out_hw)
+
+    def _check_legalized(self, name: str, arr: np.ndarray) -> None:
+        # int16 inputs come from the legalize pass, already x - zp: the exactness bound (and the
+        # meaning of the result) holds only while they stay within what 8-bit data can produce.
+        if arr.dtype == np.int16 and arr.size and np.abs(arr.astype(np.int32)).max() > 255:
+            raise ValueError(f"int16 {name} must lie in [-255, 255] (8-bit values minus a zero point), "
+                             f"got magnitude {np.abs(arr.astype(np.int32)).max()}")
+
+    def pack_weights(self, weight: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), self.weight_dtype)
+        self._check_legalized("weight", weight)
+        return pack_weights(self.plan, weight, self.zp_w)
+
+    def run_packed(self, data: np.ndarray, packed_weight: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        check_array("data", data, (g.n, g.c, g.h, g.w), self.dtype)
+        check_array("packed_weight", packed_weight, self.plan.weight_shape, "int16")
+        self._check_legalized("data", data)
+        out = np.zeros(self.out_shape, np.int32)
+        return emulate.run(self.lib, self.isa.arch, [data, packed_weight, out], [2])[0]
+
+    def __call__(self, data: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return self.run_packed(data, self.pack_weights(weight))
+
+
+def conv2d_int8(g, isa: Isa, dtype: str, weight_dtype: str, input_zero_point, weight_zero_point) -> Int8Conv2dOp:
+    for name, dt in (("dtype", dtype), ("weight_dtype", weight_dtype)):
+        if dt not in ZERO_POINT_RANGE:
+            raise ValueError(f"{name} {dt!r} is not supported on {isa.name} targets; "
+                             f"use 'int8' or 'uint8' (or 'int16' for legalized, zero-point-free data)")
+    zp_x = zero_point("input_zero_point", input_zero_point, dtype)
+    zp_w = zero_point("weight_zero_point", weight_zero_point, weight_dtype)
+    k = g.cg * g.kh * g.kw
+    if k > MAX_K:
+        raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K}, the longest sum of "
+                         f"8-bit products (each up to {MAX_PRODUCT}) that int32 holds exactly")
+    mod, plan = build(g, isa, dtype, zp_x)
+    lib = tvm.compile(mod, target=isa.target)
+    return Int8Conv2dOp(g, isa, lib, plan, dtype, weight_dtype, zp_x, zp_w)

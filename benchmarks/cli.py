@@ -37,6 +37,10 @@ def main(argv=None) -> int:
     c.add_argument("--cache", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    a = bsub.add_parser("arm", help="static MAC/cycle of the ARM int8 kernels and conv (llvm-mca)")
+    a.add_argument("--workloads", default=None, help="CSV of layers (default: ../shared/workloads/resnet50_v1.5_conv2d.csv)")
+    a.add_argument("--layers", nargs="+", type=int, default=[2, 10, 15], help="rows of the CSV (0-based)")
+    a.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
     args = p.parse_args(argv)
 
@@ -48,13 +52,23 @@ def main(argv=None) -> int:
             print(f"wrote {path}")
         return 0
 
+    def log(line):
+        print(line, flush=True)
+
+    if args.what == "arm":
+        from benchmarks import arm, conv2d
+
+        layers = conv2d.load_workloads(args.workloads or conv2d.DEFAULT_WORKLOADS)
+        result = arm.run([layers[i] for i in args.layers], log)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        return 0
+
     from schedules.targets import resolve, set_threads
 
     isa = resolve(args.target)
     threads = args.threads or sorted({1, os.cpu_count() or 1})
-
-    def log(line):
-        print(line, flush=True)
 
     from benchmarks import gemm
 

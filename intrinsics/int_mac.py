@@ -128,3 +128,27 @@ def aarch64_int8_dot(mr: int, nr: int, k: int) -> str:
 
 def names() -> list[str]:
     return list(_REGISTERED)
+
+
+def tile_module(kern: MacKernel, k: int):
+    """One tile, C[MR, NR] += A[MR, k] @ B, written in TE and tensorized with the kernel's
+    intrinsic: the smallest module whose assembly is the kernel in context (dumps, bench)."""
+    from tvm import te
+
+    mr, nr, dt = kern.mr, kern.nr, kern.dtype
+    A = te.placeholder((mr, k), dt, name="A")
+    if kern.op == "dot":
+        B = te.placeholder((k // 4, nr, 4), dt, name="B")
+        g, t = te.reduce_axis((0, k // 4), "g"), te.reduce_axis((0, 4), "t")
+        C = te.compute((mr, nr), lambda i, j: te.sum(
+            A[i, g * 4 + t].astype("int32") * B[g, j, t].astype("int32"), axis=[g, t]), name="C")
+    else:
+        B = te.placeholder((k, nr), dt, name="B")
+        r = te.reduce_axis((0, k), "k")
+        C = te.compute((mr, nr), lambda i, j: te.sum(A[i, r].astype("int32") * B[r, j].astype("int32"), axis=r), name="C")
+    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    blk = sch.get_sblock("C")
+    i = sch.get_loops(blk)[0]
+    sch.decompose_reduction(blk, i)
+    sch.tensorize(i, register_mac(kern, k))
+    return sch.mod

@@ -82,8 +82,12 @@ class Loop:
         return [i for i in self.body if _RSP.search(i) or (self.frame_pointer and _RBP.search(i))]
 
 
-def single_block_loops(fn_asm: str, arch: str = "x86") -> list:
-    """Loops that are one basic block: a label whose block ends by jumping back to it."""
+def single_block_loops(fn_asm: str, arch: str = "x86", side_exits: bool = False) -> list:
+    """Loops that are one basic block: a label whose block ends by jumping back to it.
+
+    side_exits: also accept conditional jumps out of the middle of the body (LLVM rotates some
+    loops so that the exit test sits mid-body and the back edge is unconditional).
+    """
     loops, current, body, fp = [], None, [], False
     jump = _JUMPS[arch]
     for ln in normalize(fn_asm, arch).splitlines():
@@ -100,7 +104,9 @@ def single_block_loops(fn_asm: str, arch: str = "x86") -> list:
         if j and current is not None:
             if j.group(1) == current:
                 loops.append(Loop(current, list(body), fp, arch))
-            current = None  # a jump ends the block (a fallthrough block has no label here)
+                current = None
+            elif not (side_exits and ln.split()[0] not in ("b", "jmp")):
+                current = None  # a jump ends the block (a fallthrough block has no label here)
     return loops
 
 
@@ -194,3 +200,48 @@ def mac_loop_problems(lp: Loop, isa_name: str, macs: int) -> list[str]:
     if lp.stack_accesses():
         problems.append(f"stack traffic: {lp.stack_accesses()}")
     return problems
+
+
+# Multiplies per instruction, by mnemonic and result arrangement: a MAC is one product that
+# is summed into an accumulator, whether by a fused multiply-add or a multiply and a later add.
+_ARM_LANES = {".4s": 4, ".2s": 2, ".8h": 8, ".4h": 4, ".2d": 2}
+
+
+def _arm_multiplies(ins: str, arch: str) -> int:
+    op, _, operands = ins.partition(" ")
+    if arch == "armv7":
+        if op in ("vmlal.s16", "vmull.s16", "vmlal.u16", "vmull.u16"):
+            return 4
+        if op in ("vmlal.s8", "vmull.s8", "vmlal.u8", "vmull.u8"):
+            return 8
+        if op.startswith(("vmla.i", "vmul.i", "vmls.i")):
+            width = int(op.split(".i")[1])
+            return (128 if operands.lstrip().startswith("q") else 64) // width
+        if op.startswith(("smla", "smul", "mla", "mul", "mls", "smlsd", "smuad", "smlad")):
+            return 2 if op.startswith(("smlad", "smuad", "smlsd")) else 1
+        return 0
+    if op == "sdot" or op == "udot":
+        return 16 if ".4s" in operands.split(",")[0] else 8
+    if op.startswith(("smlal", "smull", "umlal", "umull", "mla", "mul", "mls", "smlsl")):
+        dest = operands.split(",")[0].strip()
+        for arr, n in _ARM_LANES.items():
+            if dest.endswith(arr):
+                return n
+        return 1 if op in ("mul", "mla", "mls") else 0
+    if op in ("madd", "msub", "smaddl", "umaddl", "smull", "smsubl"):
+        return 1
+    return 0
+
+
+def loop_macs(lp: Loop) -> int:
+    """Products one iteration of an ARM loop computes (vector lanes counted)."""
+    return sum(_arm_multiplies(" ".join(i.split()), lp.arch) for i in lp.body)
+
+
+def hot_loop(fn_asm: str, arch: str) -> Loop:
+    """The single-block loop doing the most products per iteration: the K loop of a tile, or the
+    innermost reduction of a plain schedule."""
+    loops = [lp for lp in single_block_loops(fn_asm, arch, side_exits=True) if loop_macs(lp)]
+    if not loops:
+        raise ValueError("no single-block loop with multiplies in this function")
+    return max(loops, key=loop_macs)

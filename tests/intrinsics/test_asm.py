@@ -7,6 +7,7 @@ import pytest
 
 from intrinsics import golden
 from microkernels import asm
+from microkernels.int_mac import MacKernel
 
 CASES = golden.cases()
 
@@ -22,6 +23,14 @@ def test_k_loop_is_the_tile_and_nothing_else(compiled):
     broadcasts (one vbroadcastss per row, or all folded as {1to16} on AVX-512 with NR = 16: several
     FMAs sharing a row's broadcast beat re-loading it in each), no store, no stack traffic."""
     kern, fn = compiled
+    if isinstance(kern, MacKernel):
+        # NEON: one K loop of by-lane MACs (vmlal.s16 d[lane] / smlal(2) v.h[lane] / sdot
+        # v.4b[lane]), loads and bookkeeping; no widening, store or stack access.
+        loops = asm.mac_loops(fn, kern.isa.arch)
+        assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
+        problems = asm.mac_loop_problems(loops[0], kern.isa.name, kern.instructions_per_step)
+        assert not problems, f"{kern.name}: {problems}\n" + "\n".join(loops[0].body)
+        return
     loops = asm.fma_loops(fn)
     assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
     problems = asm.tile_loop_problems(loops[0], kern.isa, kern.mr, kern.vectors_per_row)

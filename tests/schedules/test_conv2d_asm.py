@@ -5,7 +5,7 @@ import difflib
 
 import pytest
 
-from microkernels import ISAS, asm
+from microkernels import ARM_ISAS, ISAS, asm
 from schedules import golden
 
 
@@ -17,6 +17,14 @@ def compiled(request):
 
 def test_k_loops_hold_only_the_tile(compiled):
     layer, isa_name, op = compiled
+    if isa_name in ARM_ISAS:
+        # ARM: every MAC loop is the tile's K step exactly (by-lane MACs, no widening or stores).
+        loops = golden.hot_loops(isa_name, op)
+        assert loops, "no MAC loop: the tiles were not tensorized"
+        for lp in loops:
+            problems = asm.mac_loop_problems(lp, isa_name, op.plan.kern.instructions_per_step)
+            assert not problems, f"{lp.label}: {problems}\n" + "\n".join(lp.body)
+        return
     isa = ISAS[isa_name]
     nv = op.geometry.block // isa.lanes
     tile_rows = {mr for _, _, mr in op.plan["segments"]}

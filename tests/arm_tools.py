@@ -16,3 +16,16 @@ def require_emulator(arch: str) -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
+
+
+def require_mca() -> None:
+    """Skip (fail under CI=true) when llvm-mca is missing."""
+    import shutil
+
+    from microkernels import mca
+
+    if shutil.which(mca.TOOL) is None:
+        reason = f"static ARM throughput needs {mca.TOOL} (apt-get install llvm)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)

@@ -1,0 +1,161 @@
+"""Quantized conv2d at the graph level: a Relax pass that turns an 8-bit conv2d into an int16 one.
+
+`conv2d_int8` computes out[n, o, y, x] = sum (x_in - zp_x) * (w - zp_w) in int32 by upcasting at
+the schedule: its pack stage widens the data to int16 and subtracts the zero point while laying
+it out, and the weights stay int8 in the model until `pack_weights` widens them. This module is
+the other design point. `legalize_int8_conv2d(zp_x, zp_w)` is a module pass that rewrites, in
+every Relax function,
+
+    R.nn.conv2d(x, W, <attrs>, out_dtype="int32")        x: int8/uint8, W: int8/uint8 constant
+into
+    R.nn.conv2d(R.subtract(R.astype(x, "int16"), R.const(zp_x, "int16")),
+                R.const(W.astype(int16) - zp_w),                     # computed in numpy, offline
+                <same attrs>, out_dtype="int32")
+
+so the graph itself carries the zero points and any int16 conv2d kernel (ours, or the one Relax
+legalizes to) serves the quantized layer. The subtract is left out when zp_x is 0.
+
+Semantics. Relax's conv2d of 8-bit tensors with out_dtype="int32" is the plain sum of x * w (its
+TOPI compute casts both to int32 before multiplying; there are no zero points). The module the
+pass is given is *meant* as the quantized conv -- the zero points are not in the graph, they are
+the pass's arguments -- so the result changes on purpose: after the pass the function computes
+sum (x - zp_x) * (w - zp_w). Padding pads the int16, shifted data with 0, i.e. a padded pixel is
+the zero point and contributes nothing, the same convention as the schedule's pack stage (and
+QNN's). Each |x - zp_x|, |w - zp_w| is at most 255, so int16 holds them exactly and the int32
+sum is exact while C/groups * KH * KW <= 33025 (`conv2d_int8.MAX_K`); the pass does not check.
+
+Trade-off against the schedule-level upcast:
+  * Weights stored as int16 double their footprint: the constant in the module (and in the
+    compiled artifact) is 2 bytes per element, where the schedule-level path keeps int8 weights
+    in the model and widens them once into its packed buffer.
+  * The data is widened in a separate graph op, an extra pass over memory: after LegalizeOps
+    and FuseOps the astype and subtract become one kernel (`fused_cast_subtract`) of their own,
+    since conv2d's inputs are never fused into it, which reads the int8 tensor and writes an
+    int16 one twice its size for the conv2d to read again. The schedule-level upcast fuses the
+    widening into the packing it has to do anyway.
+  * In exchange, graph-level users need nothing but an int16 conv2d: no custom schedule, and the
+    rewrite is visible (and testable) in the IR.
+
+Matching is strict; anything else is left as it was: the call must be `relax.nn.conv2d`, its data
+a tensor of dtype int8 or uint8, its weight an int8/uint8 *constant* (a `GenericConst`; bind
+parameters first, e.g. with `relax.transform.BindParams`, if the weights are function inputs),
+and its out_dtype int32. Zero points are per tensor and module wide: one zp_x for every matched
+conv's data, one zp_w for every matched weight. They are checked against the 8-bit range of the
+dtype they apply to (int8: [-128, 127], uint8: [0, 255]): values outside both are refused when the
+pass is created, a value that misfits one conv's dtype when the pass meets that conv (ValueError
+naming the range either way).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import GenericConst
+from tvm.relax import PyExprMutator, expr_functor
+
+ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+EIGHT_BIT = tuple(ZERO_POINT_RANGE)
+WIDE = "int16"
+ACC = "int32"
+
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+def _check_zero_point(name: str, zp) -> int:
+    """An int that lies in the range of int8 or of uint8 ([-128, 255] overall)."""
+    if isinstance(zp, (bool, np.bool_)) or not isinstance(zp, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(zp).__name__}")
+    if not any(lo <= zp <= hi for lo, hi in ZERO_POINT_RANGE.values()):
+        ranges = ", ".join(f"{dt} takes [{lo}, {hi}]" for dt, (lo, hi) in ZERO_POINT_RANGE.items())
+        raise ValueError(f"{name}={zp} is out of range for every 8-bit dtype: {ranges}")
+    return int(zp)
+
+
+def _check_zero_point_for(name: str, zp: int, dtype: str) -> None:
+    lo, hi = ZERO_POINT_RANGE[dtype]
+    if not lo <= zp <= hi:
+        raise ValueError(f"{name}={zp} is out of range for {dtype}: must lie in [{lo}, {hi}]")
+
+
+def _tensor_dtype(expr) -> str | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.is_missing():
+        return None
+    return str(ty.dtype)
+
+
+def _matches(call) -> bool:
+    """An 8-bit conv2d with a constant 8-bit weight and an int32 result."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CONV2D)):
+        return False
+    data, weight = call.args
+    return (
+        _tensor_dtype(data) in EIGHT_BIT
+        and isinstance(weight, GenericConst)
+        and _tensor_dtype(weight) in EIGHT_BIT
+        and str(call.attrs.out_dtype) == ACC
+    )
+
+
+@expr_functor.mutator
+class _Int8Conv2dLegalizer(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, zp_x: int, zp_w: int):
+        super().__init__(mod)
+        self.zp_x, self.zp_w = zp_x, zp_w
+        self.rewritten = 0
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)  # args first, so nested matches are rewritten too
+        if not _matches(call):
+            return call
+        data, weight = call.args
+        _check_zero_point_for("input_zero_point", self.zp_x, _tensor_dtype(data))
+        _check_zero_point_for("weight_zero_point", self.zp_w, _tensor_dtype(weight))
+
+        # The graph part: widen (and shift) the data. Emitted as bindings of their own, so the
+        # function stays in normal form (call arguments are variables or constants).
+        wide = self.builder_.emit(relax.op.astype(data, WIDE))
+        if self.zp_x:
+            wide = self.builder_.emit(relax.op.subtract(wide, relax.const(self.zp_x, WIDE)))
+        # The offline part: the weight constant, widened and shifted once, here.
+        w = weight.value.numpy().astype(np.int16) - np.int16(self.zp_w)
+        a = call.attrs
+        self.rewritten += 1
+        return relax.op.nn.conv2d(
+            wide,
+            relax.const(w, WIDE),
+            strides=a.strides,
+            padding=a.padding,
+            dilation=a.dilation,
+            groups=a.groups,
+            data_layout=a.data_layout,
+            kernel_layout=a.kernel_layout,
+            out_layout=a.out_layout,
+            out_dtype=ACC,
+        )
+
+
+def legalize_int8_conv2d(input_zero_point: int, weight_zero_point: int) -> tvm.ir.transform.Pass:
+    """A module pass: every 8-bit conv2d -> int16 conv2d of (x - zp_x) and the constant w - zp_w.
+
+    Use it as any pass, `legalize_int8_conv2d(zp_x, zp_w)(mod)` or inside a `tvm.transform.
+    Sequential`. Functions with no matching conv2d come back unchanged. See the module docstring
+    for what matches, the semantics, and the trade-off against the schedule-level upcast.
+    """
+    zp_x = _check_zero_point("input_zero_point", input_zero_point)
+    zp_w = _check_zero_point("weight_zero_point", weight_zero_point)
+
+    @tvm.ir.transform.module_pass(opt_level=0, name="LegalizeInt8Conv2d")
+    def legalize(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mutator = _Int8Conv2dLegalizer(mod, zp_x, zp_w)
+        for gv, func in mod.functions_items():
+            if not isinstance(func, relax.Function):
+                continue
+            before = mutator.rewritten
+            new = mutator.visit_expr(func)
+            if mutator.rewritten != before:
+                mutator.builder_.update_func(gv, new)
+        return mutator.builder_.get()
+
+    return legalize

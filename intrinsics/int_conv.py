@@ -4,6 +4,7 @@ Description, for an MR x NR output tile (MR output pixels of one row, NR output 
     C[m, j] += sum over (r, s, i) of int32(A[r*dh, m*sw + s*dw, i]) * int32(B[r, s, i, j])
 A is a window of the packed input (rows, columns, the group's channels i, zero point already
 subtracted), B the tile's weights (KH, KW, channels, NR), C a row of the int32 output.
+On the sdot kernel the channels go in quads, i = 4q + t, and B is (KH, KW, C/4, NR, 4).
 C accumulates: the schedule zeroes it in an init block, and the implementation calls the kernel
 once per kernel row r. With dw = 1 the columns of a row (s, i) lie back to back in A, so one
 call covers KW * channels values of K; with dilation it is one call per (r, s).
@@ -27,10 +28,11 @@ from microkernels.int_mac import MacKernel
 _REGISTERED: list[str] = []
 
 
-def reduce_axes(kh: int, kw: int, ci: int) -> list[tuple[str, int]]:
+def reduce_axes(kh: int, kw: int, ci: int, dot: bool = False) -> list[tuple[str, int]]:
     """(name, extent) of the tile's reduction loops, outer to inner, without unit extents:
-    kernel row r, kernel column s, channel i."""
-    return [(n, e) for n, e in (("r", kh), ("s", kw), ("i", ci)) if e > 1]
+    kernel row r, kernel column s, channel i (for sdot: channel quad q and t within it)."""
+    chans = (("q", ci // 4), ("t", 4)) if dot else (("i", ci),)
+    return [(n, e) for n, e in (("r", kh), ("s", kw), *chans) if e > 1]
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,17 @@ class IntConvTile:
             v = getattr(self, label)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise TileError(f"{label} must be a positive int, got {v!r}")
-        if self.kern.op != "mac":
-            raise TileError(f"an int conv tile runs on an s16 mac kernel, got {self.kern.name}")
+        if self.dot and self.ci % 4:
+            raise TileError(f"sdot takes channels in groups of 4; ci={self.ci} is not a multiple of 4")
         if self.kern.mr < 2:
             raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
         if self.k_run % self.kern.k_step:
             raise TileError(f"one kernel call covers {self.k_run} values of K, not a multiple of "
                             f"{self.kern.name}'s step {self.kern.k_step}; pad the channels")
+
+    @property
+    def dot(self) -> bool:
+        return self.kern.op == "dot"
 
     @property
     def k_run(self) -> int:
@@ -71,23 +77,35 @@ class IntConvTile:
         return (self.kh - 1) * self.dh + 1, (self.kern.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1
 
     def reduce_axes(self) -> list[tuple[str, int]]:
-        return reduce_axes(self.kh, self.kw, self.ci)
+        return reduce_axes(self.kh, self.kw, self.ci, self.dot)
+
+    def channel(self, v: dict) -> str:
+        if not self.dot:
+            return v.get("i", "0")
+        return f"{v['q']} * 4 + {v['t']}" if "q" in v else v["t"]
 
     def a_index(self, v: dict) -> tuple[str, str, str]:
         """Index expressions (row, column, channel) into the window; `v` maps "m", "r", "s", "i" to
         iterator text, and an axis absent from reduce_axes() contributes 0."""
         get = lambda k: v.get(k, "0")  # noqa: E731
-        return f"{get('r')} * {self.dh}", f"{get('m')} * {self.sw} + {get('s')} * {self.dw}", get("i")
+        return f"{get('r')} * {self.dh}", f"{get('m')} * {self.sw} + {get('s')} * {self.dw}", self.channel(v)
 
     def b_index(self, v: dict) -> tuple[str, ...]:
         get = lambda k: v.get(k, "0")  # noqa: E731
+        if self.dot:
+            return get("r"), get("s"), get("q"), v["j"], v["t"]
         return get("r"), get("s"), get("i"), v["j"]
+
+    @property
+    def b_shape(self) -> tuple:
+        nr = self.kern.nr
+        return (self.kh, self.kw, self.ci // 4, nr, 4) if self.dot else (self.kh, self.kw, self.ci, nr)
 
 
 def _render(tile: IntConvTile, impl: bool) -> str:
     mr, nr, dt, ci = tile.kern.mr, tile.kern.nr, tile.kern.dtype, tile.ci
     ah, aw = tile.window
-    a_shape, b_shape = (ah, aw, ci), (tile.kh, tile.kw, ci, nr)
+    a_shape, b_shape = (ah, aw, ci), tile.b_shape
     names = [n for n, _ in tile.reduce_axes()]
     v = {n: f"v{n}" for n in ["m", "j"] + names}
     a_idx, b_idx = ", ".join(tile.a_index(v)), ", ".join(tile.b_index(v))
@@ -114,7 +132,8 @@ def _render(tile: IntConvTile, impl: bool) -> str:
         lines.append(f"            for {', '.join(n for n, _ in calls)} in T.grid({', '.join(str(e) for _, e in calls)}):")
         lines.append(
             f"                T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r', offset={a_off}),"
-            f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {nr}, C.access_ptr('w'), sc, {tile.k_run}))")
+            f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {4 * nr if tile.dot else nr}, C.access_ptr('w'), sc,"
+            f" {tile.k_run}))")
     else:
         loop_vars = ", ".join(["m", "j"] + names)
         extents = ", ".join(str(e) for e in [mr, nr] + [e for _, e in tile.reduce_axes()])

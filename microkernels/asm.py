@@ -174,9 +174,15 @@ _ARM_STORE = ("vst", "str", "st1", "st2", "st3", "st4", "stp", "stm", "push", "v
 _ARM_SCALAR_MUL = ("mul", "mla", "smla", "smul", "madd", "msub")
 
 
-def mac_loops(fn_asm: str, arch: str) -> list:
-    return [lp for lp in single_block_loops(fn_asm, arch)
-            if any(i.split()[0].startswith(_MAC_MNEMONICS) for i in lp.body)]
+def mac_loops(fn_asm: str, arch: str, isa_name: str | None = None) -> list:
+    """Single-block loops holding MAC instructions; with `isa_name`, only those holding that
+    ISA's by-lane form (a tile's K loop, not e.g. LLVM's own sdot-with-ones reduction)."""
+    loops = [lp for lp in single_block_loops(fn_asm, arch)
+             if any(i.split()[0].startswith(_MAC_MNEMONICS) for i in lp.body)]
+    if isa_name is not None:
+        form = _MAC_FORMS[isa_name]
+        loops = [lp for lp in loops if any(form.match(" ".join(i.split())) for i in lp.body)]
+    return loops
 
 
 def mac_loop_problems(lp: Loop, isa_name: str, macs: int) -> list[str]:

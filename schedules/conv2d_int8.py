@@ -12,6 +12,13 @@ The weights are widened and packed once, outside, by `pack_weights` (kernel_vec)
 int16, (G, O/NR, KH, KW, Cp, NR). Upcasting to int16 here, at the schedule, keeps the weights int8
 in the model; `relax_int8.legalize_int8_conv2d` is the other design point (upcast in the graph).
 
+On aarch64-dotprod the tile is `sdot`, which multiplies int8 by int8 as they are: the zero
+points cannot be subtracted while packing (x - zp_x need not fit int8). It uses the expansion
+    sum (x - zx)(w - zw) = sum x*w - zw * sum x - zx * sum w + K * zx * zw
+with uint8 shifted to int8 first (x - 128, zx - 128): sdot computes sum x*w, a small pass sums each
+window's inputs (sum x, 1/O of the conv's work), and sum w comes with the packed weights as a
+per-channel bias. Padding holds the zero point, so it cancels in the expansion as it should.
+
 Depthwise layers (groups = in = out channels) skip the GEMM: channels sit in vector lanes and
 each tap is one `vmlal.s16` over 8 channels, so nothing is padded to a tile.
 
@@ -39,6 +46,9 @@ from .targets import check_array
 # magnitude, and a sum of K of them is exact in int32 while K * 65025 <= 2**31 - 1.
 MAX_PRODUCT = 255 * 255
 MAX_K = (2**31 - 1) // MAX_PRODUCT  # 33025
+# The sdot expansion adds four terms, each at most 128 * 128 * K in magnitude (the bias two of them):
+# every partial sum is exact while 4 * 16384 * K <= 2**31 - 1.
+MAX_K_DOT = (2**31 - 1) // (4 * 128 * 128)  # 32767
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
 DEPTHWISE_LANES = 8  # int16 channels per q register
 
@@ -66,14 +76,23 @@ class Int8Plan:
     depthwise: bool
 
     @property
+    def dot(self) -> bool:
+        return self.kern.op == "dot"
+
+    @property
+    def packed_dtype(self) -> str:
+        return self.kern.dtype
+
+    @property
     def cp(self) -> int:
         """Packed channels per group: the fewest >= C/groups that make one kernel call's K (a
-        whole kernel row when dw = 1, one column otherwise) a multiple of the kernel's K step."""
+        whole kernel row when dw = 1, one column otherwise) a multiple of the kernel's K step
+        (and whole groups of 4 for sdot)."""
         if self.depthwise:
             return 1
         span = self.g.kw if self.g.dilation[1] == 1 else 1
         cp = self.g.cg
-        while (span * cp) % self.kern.k_step:
+        while (span * cp) % self.kern.k_step or (self.dot and cp % 4):
             cp += 1
         return cp
 
@@ -96,24 +115,54 @@ class Int8Plan:
         g = self.g
         if self.depthwise:
             return (g.kh, g.kw, _ceil_to(g.c, DEPTHWISE_LANES))
+        if self.dot:
+            return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp // 4, self.kern.nr, 4)
         return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp, self.kern.nr)
 
+    @property
+    def bias_shape(self) -> tuple:
+        return (self.g.groups, self.g.og)
 
-def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int) -> np.ndarray:
-    """OIHW int8/uint8 (or int16, zero point already out) -> int16 kernel_vec, w - zp_w."""
+
+def _s8_shift(dtype: str) -> int:
+    """What turns this dtype's values into int8 for sdot: uint8 - 128."""
+    return 128 if dtype == "uint8" else 0
+
+
+def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) -> tuple:
+    """OIHW int8/uint8 (or int16, zero point already out) -> the packed weight arrays:
+    (kernel_vec,) with int16 w - zp_w; for sdot (int8 kernel_vec, int32 bias), where weights and
+    zp_w are shifted to int8 and bias = -zp_x8 * sum w + K * zp_x8 * zp_w (zp_x8: the data's
+    zero point as int8)."""
     g = plan.g
+    if plan.dot:
+        shift = _s8_shift(str(weight.dtype))
+        w8 = (weight.astype(np.int16) - shift).astype(np.int8)
+        zw8 = zp_w - shift
+        k = g.cg * g.kh * g.kw
+        sums = w8.astype(np.int64).reshape(g.o, -1).sum(axis=1)
+        bias = (-zp_x8 * sums + k * zp_x8 * zw8).astype(np.int32).reshape(plan.bias_shape)
+        return _pack_gemm_weights(plan, w8, np.int8), bias
     w = weight.astype(np.int16) - np.int16(zp_w)
-    out = np.zeros(plan.weight_shape, np.int16)
     if plan.depthwise:
+        out = np.zeros(plan.weight_shape, np.int16)
         out[:, :, : g.c] = w[:, 0].transpose(1, 2, 0)
-        return out
-    nr = plan.kern.nr
+        return (out,)
+    return (_pack_gemm_weights(plan, w, np.int16),)
+
+
+def _pack_gemm_weights(plan: Int8Plan, w: np.ndarray, dtype) -> np.ndarray:
+    g, nr = plan.g, plan.kern.nr
     # (G, og, cg, KH, KW) -> (G, og_padded, KH, KW, cg) -> blocks of NR output channels
     wg = w.reshape(g.groups, g.og, g.cg, g.kh, g.kw).transpose(0, 1, 3, 4, 2)
-    full = np.zeros((g.groups, plan.op, g.kh, g.kw, plan.cp), np.int16)
+    full = np.zeros((g.groups, plan.op, g.kh, g.kw, plan.cp), dtype)
     full[:, : g.og, :, :, : g.cg] = wg
-    out[...] = full.reshape(g.groups, plan.op // nr, nr, g.kh, g.kw, plan.cp).transpose(0, 1, 3, 4, 5, 2)
-    return out
+    blocks = full.reshape(g.groups, plan.op // nr, nr, g.kh, g.kw, plan.cp)
+    if plan.dot:  # channels in groups of 4 innermost, as sdot multiplies them
+        blocks = blocks.reshape(*blocks.shape[:5], plan.cp // 4, 4).transpose(0, 1, 3, 4, 5, 2, 6)
+    else:
+        blocks = blocks.transpose(0, 1, 3, 4, 5, 2)
+    return np.ascontiguousarray(blocks)
 
 
 def _render_pack(plan: Int8Plan, dtype: str, zp: int, groups_dim: bool) -> list[str]:
@@ -125,7 +174,18 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int, groups_dim: bool) -> list[
     if cp != (g.c if plan.depthwise else g.cg):
         conds.insert(0, f"vc < {g.c if plan.depthwise else g.cg}")
     chan = "vc" if plan.depthwise else f"vg * {g.cg} + vc"
-    value = f"T.Cast('int16', D[vn, {chan}, vy - {top}, vx - {left}])" + (f" - T.int16({zp})" if zp else "")
+    x = f"D[vn, {chan}, vy - {top}, vx - {left}]"
+    if plan.dot:
+        # int8 as is (uint8 shifted by -128); a padded pixel holds the zero point, a padded
+        # channel 0 (it must add nothing to the window sums either).
+        shift = _s8_shift(dtype)
+        value = f"T.Cast('int8', T.Cast('int16', {x}) - T.int16({shift}))" if shift else x
+        pixel = [c for c in conds if not c.startswith("vc")]
+        value = f"T.if_then_else({' and '.join(pixel)}, {value}, T.int8({zp - shift}))"
+        conds, zero = conds[:1] if conds[0].startswith("vc") else ["True"], "T.int8(0)"
+    else:
+        value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+        zero = "T.int16(0)"
     gi = ("vg, " if groups_dim else "")
     loops = ("n, gg, y, x, c", f"{g.n}, {g.groups}, {hp}, {wp}, {cp}", "vn, vg, vy, vx, vc", "SSSSS") if groups_dim \
         else ("n, y, x, c", f"{g.n}, {hp}, {wp}, {cp}", "vn, vy, vx, vc", "SSSS")
@@ -133,11 +193,12 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int, groups_dim: bool) -> list[
         f"    for {loops[0]} in T.grid({loops[1]}):",
         "        with T.sblock('pack'):",
         f"            {loops[2]} = T.axis.remap('{loops[3]}', [{loops[0]}])",
-        f"            P[vn, {gi}vy, vx, vc] = T.if_then_else({' and '.join(conds)}, {value}, T.int16(0))",
+        f"            P[vn, {gi}vy, vx, vc] = T.if_then_else({' and '.join(conds)}, {value}, {zero})",
     ]
 
 
-def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool) -> tuple[str, IntConvTile]:
+def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool, zw8: int = 0) -> tuple[str, IntConvTile]:
+    """zw8: for sdot, the weights' zero point shifted to int8 (used in the expansion)."""
     g, kern = plan.g, plan.kern
     mr, nr, cp = kern.mr, kern.nr, plan.cp
     oh, ow = g.out_hw
@@ -145,20 +206,24 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool) -> tu
     hp, wp = plan.packed_hw
     owp, ob = plan.ow_padded, plan.op // nr
     tile = IntConvTile(kern, g.kh, g.kw, cp, sw, dh, dw)
-    axes = reduce_axes(g.kh, g.kw, cp)
+    axes = tile.reduce_axes()
     red = [a for a, _ in axes]
     v = {a: f"v{a}" for a in red} | {"m": "vm", "j": "vj"}
+    pdt = plan.packed_dtype
+    bias = f", Bias: T.Buffer({plan.bias_shape}, 'int32')" if plan.dot else ""
     row, col, ch = tile.a_index(v)
     x0 = "vx0" if for_tensorize else "0"
     acc = f"Acc[vn, vg, vob, vy, {x0} + vm, vj]"
     L = [
         "@T.prim_func(s_tir=True)",
         f"def main(D: T.Buffer(({g.n}, {g.c}, {g.h}, {g.w}), '{dtype}'),"
-        f" Wv: T.Buffer({plan.weight_shape}, 'int16'), Out: T.Buffer(({g.n}, {g.o}, {oh}, {ow}), 'int32')):",
+        f" Wv: T.Buffer({plan.weight_shape}, '{pdt}'){bias}, Out: T.Buffer(({g.n}, {g.o}, {oh}, {ow}), 'int32')):",
         "    T.func_attr({'tirx.noalias': True})",
-        f"    P = T.alloc_buffer(({g.n}, {g.groups}, {hp}, {wp}, {cp}), 'int16')",
+        f"    P = T.alloc_buffer(({g.n}, {g.groups}, {hp}, {wp}, {cp}), '{pdt}')",
         f"    Acc = T.alloc_buffer(({g.n}, {g.groups}, {ob}, {oh}, {owp}, {nr}), 'int32')",
     ]
+    if plan.dot:
+        L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
     L += _render_pack(plan, dtype, zp, groups_dim=True)
     L += [
         f"    for n, gg, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):",
@@ -178,15 +243,29 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool) -> tu
     L += [f"                {h}" for h in head] + [f"                vj = T.axis.spatial({nr}, j)"]
     L += [f"                v{a} = T.axis.reduce({e}, {a})" for a, e in axes]
     a_ref = f"P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}]"
-    w_ref = f"Wv[vg, vob, {v.get('r', '0')}, {v.get('s', '0')}, {ch}, vj]"
+    w_ref = f"Wv[vg, vob, {', '.join(tile.b_index(v))}]"
     if not for_tensorize:
         L += ["                with T.init():", f"                    {acc} = 0"]
     L += [
         f"                {acc} = {acc} + T.Cast('int32', {a_ref}) * T.Cast('int32', {w_ref})",
+    ]
+    out = f"Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]"
+    if plan.dot:
+        # sum x over each output pixel's window, for the -zw * sum x term of the expansion
+        L += [
+            f"    for n, gg, y, x, r, s, c in T.grid({g.n}, {g.groups}, {oh}, {ow}, {g.kh}, {g.kw}, {cp}):",
+            "        with T.sblock('winsum'):",
+            "            vn, vg, vy, vx, vr, vs, vc = T.axis.remap('SSSSRRR', [n, gg, y, x, r, s, c])",
+            "            with T.init():",
+            "                WS[vn, vg, vy, vx] = 0",
+            f"            WS[vn, vg, vy, vx] = WS[vn, vg, vy, vx] + T.Cast('int32', P[vn, vg, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc])",
+        ]
+        out += f" - T.int32({zw8}) * WS[vn, vo // {g.og}, vy, vx] + Bias[vo // {g.og}, vo % {g.og}]"
+    L += [
         f"    for n, o, y, x in T.grid({g.n}, {g.o}, {oh}, {ow}):",
         "        with T.sblock('unpack'):",
         "            vn, vo, vy, vx = T.axis.remap('SSSS', [n, o, y, x])",
-        f"            Out[vn, vo, vy, vx] = Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]",
+        f"            Out[vn, vo, vy, vx] = {out}",
     ]
     return "\n".join(L) + "\n", tile
 
@@ -222,17 +301,21 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> str:
     return "\n".join(L) + "\n"
 
 
-def conv_kernel(isa: Isa) -> MacKernel:
-    """The tile a conv runs on. The dot-product target reuses AArch64's int16 tile: sdot takes
-    int8 as is, so zero points cannot be subtracted while packing; see the README."""
-    return default_mac_kernel("aarch64" if isa.name == "aarch64dot" else isa.name)
+def conv_kernel(isa: Isa, dtype: str = "int8") -> MacKernel:
+    """The tile a conv runs on: the ISA's default, except that int16 (legalized) data cannot go
+    through sdot and takes AArch64's int16 tile instead."""
+    if isa.name == "aarch64dot" and dtype == "int16":
+        return default_mac_kernel("aarch64")
+    return default_mac_kernel(isa.name)
 
 
-def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True):
+def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int = 0, weight_dtype: str = "int8"):
     """(IRModule after scheduling, plan). tensorize=False vectorizes the same tiling instead: the
     'LLVM chooses the instructions' baseline of `bench arm`."""
     depthwise = g.groups == g.c == g.o and g.groups > 1
-    plan = Int8Plan(g, conv_kernel(isa), depthwise)
+    plan = Int8Plan(g, conv_kernel(isa, dtype), depthwise)
+    if plan.dot and depthwise:  # channels in lanes use the s16 MAC, even on a dotprod core
+        plan = Int8Plan(g, default_mac_kernel("aarch64"), depthwise)
     if depthwise:
         sch = s_tir.Schedule(parser.parse(_render_depthwise(plan, dtype, zp_x), extra_vars={"T": T}))
         blk = sch.get_sblock("conv")
@@ -245,7 +328,7 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True):
         init = sch.decompose_reduction(blk, r)
         sch.vectorize(sch.get_loops(init)[-1])
         return sch.mod, plan
-    text, tile = _render_gemm(plan, dtype, zp_x, tensorize)
+    text, tile = _render_gemm(plan, dtype, zp_x, tensorize, zp_w - _s8_shift(weight_dtype))
     sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
     blk = sch.get_sblock("conv")
     m = sch.get_loops(blk)[5]
@@ -266,8 +349,9 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True):
 
 class Int8Conv2dOp:
     """A compiled quantized conv2d for one ARM target. op(data, weight) -> int32 NCHW output,
-    run under qemu-user. `op.pack_weights(weight)` gives kernel_vec once; `op.run_packed(data,
-    packed)` then skips it. `op.asm` is the ARM assembly."""
+    run under qemu-user. `op.pack_weights(weight)` packs the weights once (a tuple: kernel_vec,
+    plus the per-channel bias on the sdot path); `op.run_packed(data, packed)` then skips that.
+    `op.asm` is the ARM assembly."""
 
     def __init__(self, g, isa: Isa, lib, plan: Int8Plan, dtype: str, weight_dtype: str, zp_x: int, zp_w: int):
         self.geometry, self.isa, self.lib, self.plan = g, isa, lib, plan
@@ -289,19 +373,23 @@ class Int8Conv2dOp:
             raise ValueError(f"int16 {name} must lie in [-255, 255] (8-bit values minus a zero point), "
                              f"got magnitude {np.abs(arr.astype(np.int32)).max()}")
 
-    def pack_weights(self, weight: np.ndarray) -> np.ndarray:
+    def pack_weights(self, weight: np.ndarray) -> tuple:
         g = self.geometry
         check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), self.weight_dtype)
         self._check_legalized("weight", weight)
-        return pack_weights(self.plan, weight, self.zp_w)
+        return pack_weights(self.plan, weight, self.zp_w, self.zp_x - _s8_shift(self.dtype))
 
-    def run_packed(self, data: np.ndarray, packed_weight: np.ndarray) -> np.ndarray:
-        g = self.geometry
+    def run_packed(self, data: np.ndarray, packed: tuple) -> np.ndarray:
+        g, plan = self.geometry, self.plan
         check_array("data", data, (g.n, g.c, g.h, g.w), self.dtype)
-        check_array("packed_weight", packed_weight, self.plan.weight_shape, "int16")
+        specs = [(plan.weight_shape, plan.packed_dtype)] + ([(plan.bias_shape, "int32")] if plan.dot else [])
+        if not isinstance(packed, tuple) or len(packed) != len(specs):
+            raise TypeError(f"packed must be the tuple of {len(specs)} array(s) that op.pack_weights returns")
+        for i, (arr, (shape, dt)) in enumerate(zip(packed, specs)):
+            check_array(f"packed[{i}]", arr, shape, dt)
         self._check_legalized("data", data)
         out = np.zeros(self.out_shape, np.int32)
-        return emulate.run(self.lib, self.isa.arch, [data, packed_weight, out], [2])[0]
+        return emulate.run(self.lib, self.isa.arch, [data, *packed, out], [len(specs) + 1])[0]
 
     def __call__(self, data: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return self.run_packed(data, self.pack_weights(weight))
@@ -318,6 +406,9 @@ def conv2d_int8(g, isa: Isa, dtype: str, weight_dtype: str, input_zero_point, we
     if k > MAX_K:
         raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K}, the longest sum of "
                          f"8-bit products (each up to {MAX_PRODUCT}) that int32 holds exactly")
-    mod, plan = build(g, isa, dtype, zp_x)
+    if conv_kernel(isa, dtype).op == "dot" and k > MAX_K_DOT:
+        raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K_DOT}, the longest the "
+                         f"sdot expansion (four terms, each up to 128*128*K) keeps exact in int32")
+    mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype)
     lib = tvm.compile(mod, target=isa.target)
     return Int8Conv2dOp(g, isa, lib, plan, dtype, weight_dtype, zp_x, zp_w)

@@ -29,8 +29,7 @@ LAYERS = {
 }
 
 
-# The int16 tiles of ARMv7 and AArch64 (aarch64-dotprod's conv runs AArch64's tile).
-ARM_CONV_ISAS = ("neon", "aarch64")
+ARM_CONV_ISAS = ("neon", "aarch64", "aarch64dot")
 PRESET_OF = {isa: preset for preset, isa in PRESETS.items()}
 
 
@@ -48,7 +47,7 @@ def compile_case(layer: str, isa: str):
 
 def hot_loops(isa: str, op) -> list:
     if isa in ARM_ISAS:
-        return asm.mac_loops(op.asm, ARM_ISAS[isa].arch)
+        return asm.mac_loops(op.asm, ARM_ISAS[isa].arch, isa)
     return asm.fma_loops(op.asm)
 
 

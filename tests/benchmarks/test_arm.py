@@ -40,7 +40,7 @@ def test_tile_k_loop_reaches_3_macs_per_cycle(isa_name):
         assert _rate(lp, isa_name, cpu) >= 3.0, cpu
 
 
-@pytest.mark.parametrize("isa_name", ["neon", "aarch64"], ids=str)
+@pytest.mark.parametrize("isa_name", ["neon", "aarch64", "aarch64dot"], ids=str)
 def test_conv_hot_loop_beats_llvm_vectorization(isa_name):
     require_mca()
     isa = ARM_ISAS[isa_name]

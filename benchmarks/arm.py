@@ -6,6 +6,10 @@ For each target and core model, four hot loops, all compiled by TVM here for tha
   vec       baseline (b): the same conv and tiling with `vectorize` instead of `tensorize`, so
             LLVM picks the instructions (the best plain-TIR schedule we have)
   plain     baseline (a): the same int8 conv as a plain TE compute, no schedule
+A last line per target covers depthwise (a 64-channel 28x28 3x3 layer, not in ResNet-50): its
+vector path (channels in lanes, one vmlal.s16/smlal per 8 channels and tap) against what the
+GEMM path would do with it, the tile's rate times its useful fraction (each group padded to a
+tile's channels and outputs).
 MAC/cycle = products per loop iteration (vector lanes counted) / llvm-mca's cycles per
 iteration in steady state. It ignores everything outside the hot loop (packing, tile setup,
 cache misses), so it bounds what the loop can reach, not what a layer will.
@@ -74,4 +78,15 @@ def run(layers, log) -> dict:
                 result["rows"].append(row)
                 log(f"{target:16} {cpu:11} {layer.row:2} {layer.label:31} {rate['tile']:6.2f} {rate['conv']:6.2f} "
                     f"{rate['vec']:7.2f} {rate['plain']:8.2f} {rate['conv'] / rate['vec']:7.2f} {rate['conv'] / rate['plain']:7.2f}")
+        dw_geometry = geometry((1, 64, 28, 28), (64, 1, 3, 3), 1, 1, 1, 64, block=kern.nr)
+        mod, plan = conv2d_int8.build(dw_geometry, isa, "int8", ZP_X)
+        dw, gemm_plan = _loop(mod, isa), conv2d_int8.Int8Plan(dw_geometry, conv2d_int8.conv_kernel(isa), False)
+        useful = 1 / (gemm_plan.cp * gemm_plan.op)  # one channel in, one out, per group
+        for cpu in MODELS[isa_name]:
+            rate = asm.loop_macs(dw) / mca.cycles_per_iteration(dw, cpu, MATTR.get(isa_name, ""))
+            gemm = asm.loop_macs(tile) / mca.cycles_per_iteration(tile, cpu, MATTR.get(isa_name, "")) * useful
+            result["rows"].append({"target": target, "model": cpu, "layer": "depthwise 64x28x28 k3",
+                                   "depthwise_mac_per_cycle": rate, "gemm_path_useful_mac_per_cycle": gemm})
+            log(f"{target:16} {cpu:11}    depthwise 64x28x28 k3 s1 p1     vector path {rate:5.2f}, "
+                f"GEMM path useful {gemm:5.2f} ({useful:.3f} of its MACs)")
     return result

@@ -10,6 +10,9 @@ A last line per target covers depthwise (a 64-channel 28x28 3x3 layer, not in Re
 vector path (channels in lanes, one vmlal.s16/smlal per 8 channels and tap) against what the
 GEMM path would do with it, the tile's rate times its useful fraction (each group padded to a
 tile's channels and outputs).
+"conv %bound": our conv's hot loop against its own resource bound (llvm-mca's Block
+RThroughput: the cycles the busiest port needs): 100% means no instruction choice or order can
+make that loop faster on that model, only fewer instructions on the bottleneck port.
 MAC/cycle = products per loop iteration (vector lanes counted) / llvm-mca's cycles per
 iteration in steady state. It ignores everything outside the hot loop (packing, tile setup,
 cache misses), so it bounds what the loop can reach, not what a layer will.
@@ -58,7 +61,8 @@ def _loop(mod, isa):
 def run(layers, log) -> dict:
     result = {"rows": []}
     log("bench arm: llvm-mca steady-state MAC/cycle of each hot loop (products per iteration / cycles per iteration)")
-    log(f"{'target':16} {'model':11} {'layer':34} {'tile':>6} {'conv':>6} {'vec(b)':>7} {'plain(a)':>8} {'conv/b':>7} {'conv/a':>7}")
+    log(f"{'target':16} {'model':11} {'layer':34} {'tile':>6} {'conv':>6} {'vec(b)':>7} {'plain(a)':>8} {'conv/b':>7} {'conv/a':>7}"
+        f" {'conv %bound':>11}")
     for target, isa_name in TARGETS.items():
         isa = ARM_ISAS[isa_name]
         kern = default_mac_kernel(isa_name)
@@ -73,11 +77,14 @@ def run(layers, log) -> dict:
             for cpu in MODELS[isa_name]:
                 rate = {name: asm.loop_macs(lp) / mca.cycles_per_iteration(lp, cpu, MATTR.get(isa_name, ""))
                         for name, lp in [("tile", tile)] + list(loops.items())}
+                cycles, bound = mca.analyze(loops["conv"], cpu, MATTR.get(isa_name, ""))
                 row = {"target": target, "model": cpu, "layer": layer.label, "row": layer.row,
-                       "tile_kernel": kern.name, **{f"{k}_mac_per_cycle": v for k, v in rate.items()}}
+                       "tile_kernel": kern.name, **{f"{k}_mac_per_cycle": v for k, v in rate.items()},
+                       "conv_fraction_of_bound": bound / cycles}
                 result["rows"].append(row)
                 log(f"{target:16} {cpu:11} {layer.row:2} {layer.label:31} {rate['tile']:6.2f} {rate['conv']:6.2f} "
-                    f"{rate['vec']:7.2f} {rate['plain']:8.2f} {rate['conv'] / rate['vec']:7.2f} {rate['conv'] / rate['plain']:7.2f}")
+                    f"{rate['vec']:7.2f} {rate['plain']:8.2f} {rate['conv'] / rate['vec']:7.2f} {rate['conv'] / rate['plain']:7.2f}"
+                    f" {100 * bound / cycles:10.0f}%")
         dw_geometry = geometry((1, 64, 28, 28), (64, 1, 3, 3), 1, 1, 1, 64, block=kern.nr)
         mod, plan = conv2d_int8.build(dw_geometry, isa, "int8", ZP_X)
         dw, gemm_plan = _loop(mod, isa), conv2d_int8.Int8Plan(dw_geometry, conv2d_int8.conv_kernel(isa), False)

@@ -78,9 +78,18 @@ class MacKernel:
 
 
 def registers_needed(isa: Isa, mr: int, nr: int) -> tuple[int, int]:
-    """(q registers in the K loop, q registers holding A): accumulators + A + two B rows in flight."""
-    a_regs = -(-mr // 2) if isa is NEON else mr  # ARMv7's A rows are d registers, two to a q
-    return mr * nr // 4 + a_regs + 2, a_regs
+    """(q registers in the K loop, q registers holding A): accumulators, A rows, and two B rows in
+    flight (a B row is NR/8 q registers of int16, or NR/4 of sdot's packed quads)."""
+    a_regs = -(-mr // 2) if isa.arch == "armv7" else mr  # ARMv7's A rows are d registers, two to a q
+    b_row = nr // 4 if _OPS[isa.name][1] == "dot" else nr // 8
+    return mr * nr // 4 + a_regs + 2 * b_row, a_regs
+
+
+def max_mac_tiles(isa: Isa, nr_limit: int = 64) -> list[tuple[int, int]]:
+    """Every (MR, NR) with MR >= 2 that the register budget accepts, NR up to nr_limit."""
+    return [(mr, nr) for nr in range(8, nr_limit + 1, 8) for mr in range(2, 64)
+            if registers_needed(isa, mr, nr)[0] < isa.vector_registers
+            and registers_needed(isa, mr, nr)[1] <= isa.lane_registers]
 
 
 def check_tile(isa: Isa, mr: int, nr: int) -> None:
@@ -91,10 +100,11 @@ def check_tile(isa: Isa, mr: int, nr: int) -> None:
         # B rows are loaded 8 columns at a time (one q of int16, or two of sdot groups).
         raise TileError(f"NR={nr} must be a multiple of 8 on {isa.name}")
     need, a_regs = registers_needed(isa, mr, nr)
-    if need > isa.vector_registers:
+    # One register stays free: a tile that fills the file exactly (AArch64 10x8) spills in the loop.
+    if need >= isa.vector_registers:
         raise TileError(
-            f"a {mr}x{nr} tile needs {need} q registers (MR*NR/4 accumulators + A rows + 2 B) "
-            f"but {isa.name} has {isa.vector_registers}"
+            f"a {mr}x{nr} tile needs {need} q registers (MR*NR/4 accumulators + A rows + two B rows) "
+            f"plus one spare, but {isa.name} has {isa.vector_registers}"
         )
     if a_regs > isa.lane_registers:
         raise TileError(

@@ -25,7 +25,9 @@ class McaMissingError(RuntimeError):
     """llvm-mca is not on PATH."""
 
 
-def cycles_per_iteration(lp: Loop, cpu: str, mattr: str = "") -> float:
+def analyze(lp: Loop, cpu: str, mattr: str = "") -> tuple[float, float]:
+    """(cycles per iteration in steady state, the resource bound: the cycles per iteration the
+    busiest execution port alone needs, llvm-mca's "Block RThroughput")."""
     if shutil.which(TOOL) is None:
         raise McaMissingError(f"{TOOL} not found on PATH; install Debian's llvm package (apt-get install llvm)")
     cmd = [TOOL, f"-mtriple={TRIPLES[lp.arch]}", f"-mcpu={cpu}", f"-iterations={ITERATIONS}"]
@@ -36,7 +38,12 @@ def cycles_per_iteration(lp: Loop, cpu: str, mattr: str = "") -> float:
     proc = subprocess.run(cmd, input=body + "\n", capture_output=True, text=True, timeout=120)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-    m = re.search(r"^Total Cycles:\s+(\d+)", proc.stdout, re.M)
-    if not m:
-        raise RuntimeError(f"no 'Total Cycles' in llvm-mca's report:\n{proc.stdout[:500]}")
-    return int(m.group(1)) / ITERATIONS
+    total = re.search(r"^Total Cycles:\s+(\d+)", proc.stdout, re.M)
+    bound = re.search(r"^Block RThroughput:\s+([\d.]+)", proc.stdout, re.M)
+    if not (total and bound):
+        raise RuntimeError(f"no 'Total Cycles' or 'Block RThroughput' in llvm-mca's report:\n{proc.stdout[:500]}")
+    return int(total.group(1)) / ITERATIONS, float(bound.group(1))
+
+
+def cycles_per_iteration(lp: Loop, cpu: str, mattr: str = "") -> float:
+    return analyze(lp, cpu, mattr)[0]

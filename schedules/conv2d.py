@@ -393,6 +393,8 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     """
     if algorithm != "direct":
         raise ValueError(f"algorithm {algorithm!r} is not available; use 'direct'")
+    dtype = dtype.name if isinstance(dtype, np.dtype) else dtype
+    weight_dtype = weight_dtype.name if isinstance(weight_dtype, np.dtype) else weight_dtype
     if threads is not None:
         threads = positive_int("threads", threads)
     isa = resolve(target)

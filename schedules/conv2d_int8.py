@@ -400,6 +400,9 @@ def conv2d_int8(g, isa: Isa, dtype: str, weight_dtype: str, input_zero_point, we
         if dt not in ZERO_POINT_RANGE:
             raise ValueError(f"{name} {dt!r} is not supported on {isa.name} targets; "
                              f"use 'int8' or 'uint8' (or 'int16' for legalized, zero-point-free data)")
+    if (dtype == "int16") != (weight_dtype == "int16"):
+        raise ValueError(f"dtype {dtype!r} with weight_dtype {weight_dtype!r}: int16 is the legalized, "
+                         "zero-point-free form, for data and weights together")
     zp_x = zero_point("input_zero_point", input_zero_point, dtype)
     zp_w = zero_point("weight_zero_point", weight_zero_point, weight_dtype)
     k = g.cg * g.kh * g.kw

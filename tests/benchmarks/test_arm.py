@@ -1,9 +1,11 @@
 """`bench arm`'s figures as regression checks: MACs per cycle of the hot loops, per core model.
 
 The thresholds are the goals of the ARM work: the tile's K loop and our conv's hot loop at
->= 3 MAC/cycle, and >= 1.2x the same tiling vectorized by LLVM (baseline b) on the in-order
-models. On cortex-a72 both saturate its one integer-multiply pipe (4 MAC/cycle), so there the
-check is only that ours is not slower.
+>= 3 MAC/cycle, and >= 1.2x the same tiling vectorized by LLVM (baseline b), unless our loop
+already runs at its resource bound (the busiest port's cycles, llvm-mca's Block RThroughput):
+where LLVM's own loop gets within 1.2x of one multiply per cycle (cortex-a57 on some layers,
+cortex-a72 always), no instruction choice can open the gap, and ours must then be at the bound
+and not slower.
 """
 
 import pytest
@@ -50,8 +52,9 @@ def test_conv_hot_loop_beats_llvm_vectorization(isa_name):
     plain = _loop(arm.plain_module(g, 3, -2), isa)
     for cpu in arm.MODELS[isa_name]:
         r_ours, r_vec, r_plain = (_rate(lp, isa_name, cpu) for lp in (ours, vec, plain))
+        cycles, bound = mca.analyze(ours, cpu, arm.MATTR.get(isa_name, ""))
         assert r_ours >= 3.0, (cpu, r_ours)
-        assert r_ours >= (1.0 if cpu == "cortex-a72" else 1.2) * r_vec, (cpu, r_ours, r_vec)
+        assert r_ours >= 1.2 * r_vec or (bound / cycles > 0.99 and r_ours >= r_vec), (cpu, r_ours, r_vec, bound, cycles)
         assert r_ours > 4 * r_plain, (cpu, r_ours, r_plain)
 
 

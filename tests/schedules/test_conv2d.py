@@ -10,44 +10,16 @@ from microkernels import DEFAULT_TILES, best_host_isa
 from schedules import layouts
 from schedules.conv2d import geometry  # `schedules.conv2d` itself is the function, not the module
 
+from .. import conv_reference
+
 HOST = f"x86-{best_host_isa().name}"
 MR, NR = DEFAULT_TILES[best_host_isa().name]
 EPS = np.finfo(np.float32).eps
 
 
-def _pads(padding):
-    """int, (h, w) or (top, left, bottom, right) -> (top, left, bottom, right)."""
-    if isinstance(padding, int):
-        return (padding,) * 4
-    if len(padding) == 2:
-        return (padding[0], padding[1], padding[0], padding[1])
-    return tuple(padding)
-
-
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-
 def ref_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
     """Plain float64 conv2d: NCHW data, OIHW weights (O, C/groups, KH, KW)."""
-    x, w = x.astype(np.float64), w.astype(np.float64)
-    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
-    top, left, bottom, right = _pads(padding)
-    n, c, _, _ = x.shape
-    o, cg, kh, kw = w.shape
-    og = o // groups
-    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
-    ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
-    out = np.zeros((n, o, oh, ow))
-    for g in range(groups):
-        xg = xp[:, g * cg:(g + 1) * cg]
-        wg = w[g * og:(g + 1) * og]
-        for r in range(kh):
-            for s in range(kw):
-                patch = xg[:, :, r * dh:r * dh + (oh - 1) * sh + 1:sh, s * dw:s * dw + (ow - 1) * sw + 1:sw]
-                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, wg[:, :, r, s])
-    return out
+    return conv_reference.conv2d(x.astype(np.float64), w.astype(np.float64), stride, padding, dilation, groups)
 
 
 def assert_conv_close(got, x, w, **conv):
@@ -113,8 +85,8 @@ def layers(draw):
     stride = draw(st.one_of(st.integers(1, 3), st.tuples(st.integers(1, 3), st.integers(1, 3))))
     dilation = draw(st.one_of(st.integers(1, 2), st.tuples(st.integers(1, 2), st.integers(1, 2))))
     padding = draw(PADDING)
-    top, left, bottom, right = _pads(padding)
-    dh, dw = _pair(dilation)
+    top, left, bottom, right = conv_reference.pads(padding)
+    dh, dw = conv_reference.pair(dilation)
     # Constructed valid: the dilated kernel fits the padded input.
     h = draw(st.integers(max(1, (kh - 1) * dh + 1 - top - bottom), 20))
     w = draw(st.integers(max(1, (kw - 1) * dw + 1 - left - right), 20))

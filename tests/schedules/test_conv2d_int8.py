@@ -11,6 +11,7 @@ import schedules
 from microkernels import asm
 from schedules.conv2d_int8 import MAX_K, MAX_K_DOT, MAX_PRODUCT
 
+from .. import conv_reference
 from ..arm_tools import require_emulator
 
 TARGETS = ["armv7-neon", "aarch64-neon", "aarch64-dotprod"]
@@ -23,38 +24,8 @@ INT32_MAX = 2**31 - 1
 # Reference
 
 
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-
-def _pads(p):
-    if isinstance(p, (tuple, list)) and len(p) == 4:
-        return tuple(p)
-    ph, pw = _pair(p)
-    return ph, pw, ph, pw
-
-
-def reference(x, w, zp_x, zp_w, stride=1, padding=0, dilation=1, groups=1):
-    """int64 sum (x - zp_x) * (w - zp_w): zero points out first, then zero padding."""
-    (sh, sw), (dh, dw), (t, l, b, r) = _pair(stride), _pair(dilation), _pads(padding)
-    x = x.astype(np.int64) - zp_x
-    w = w.astype(np.int64) - zp_w
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    xp = np.zeros((n, c, h + t + b, wd + l + r), np.int64)
-    xp[:, :, t:t + h, l:l + wd] = x
-    oh = (h + t + b - (kh - 1) * dh - 1) // sh + 1
-    ow = (wd + l + r - (kw - 1) * dw - 1) // sw + 1
-    og = o // groups
-    out = np.zeros((n, o, oh, ow), np.int64)
-    for gi in range(groups):
-        for ri in range(kh):
-            for si in range(kw):
-                patch = xp[:, gi * cg:(gi + 1) * cg,
-                           ri * dh:ri * dh + (oh - 1) * sh + 1:sh,
-                           si * dw:si * dw + (ow - 1) * sw + 1:sw]
-                out[:, gi * og:(gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, w[gi * og:(gi + 1) * og, :, ri, si])
-    return out
+_pair, _pads = conv_reference.pair, conv_reference.pads
+reference = conv_reference.qconv2d
 
 
 def naive(x, w, zp_x, zp_w, stride, padding, dilation, groups):

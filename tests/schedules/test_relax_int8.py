@@ -15,48 +15,17 @@ from tvm import relax
 
 from schedules.relax_int8 import legalize_int8_conv2d
 
+from .. import conv_reference
+
 LLVM = tvm.target.Target({"kind": "llvm"})
 DATA_SHAPE = (1, 8, 10, 10)
 CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 INFO = {"int8": np.iinfo(np.int8), "uint8": np.iinfo(np.uint8)}
 
 
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-
-def _pads(padding):
-    """int, (h, w) or (top, left, bottom, right) -> (top, left, bottom, right), Relax's order."""
-    if isinstance(padding, int):
-        return (padding,) * 4
-    if len(padding) == 2:
-        return (padding[0], padding[1], padding[0], padding[1])
-    return tuple(padding)
-
-
 def ref_qconv2d(x, w, zp_x, zp_w, strides=1, padding=0, dilation=1, groups=1):
-    """out[n, o, y, x] = sum (x - zp_x) * (w - zp_w) in int64; NCHW data, OIHW weights.
-
-    The shifted data is zero padded: a padded pixel is the zero point and contributes nothing."""
-    xs = x.astype(np.int64) - zp_x
-    ws = w.astype(np.int64) - zp_w
-    (sh, sw), (dh, dw) = _pair(strides), _pair(dilation)
-    top, left, bottom, right = _pads(padding)
-    n, _, _, _ = xs.shape
-    o, cg, kh, kw = ws.shape
-    og = o // groups
-    xp = np.pad(xs, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
-    ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
-    out = np.zeros((n, o, oh, ow), np.int64)
-    for g in range(groups):
-        xg = xp[:, g * cg:(g + 1) * cg]
-        wg = ws[g * og:(g + 1) * og]
-        for r in range(kh):
-            for s in range(kw):
-                patch = xg[:, :, r * dh:r * dh + (oh - 1) * sh + 1:sh, s * dw:s * dw + (ow - 1) * sw + 1:sw]
-                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, wg[:, :, r, s])
-    return out
+    """out[n, o, y, x] = sum (x - zp_x) * (w - zp_w) in int64; NCHW data, OIHW weights."""
+    return conv_reference.qconv2d(x, w, zp_x, zp_w, strides, padding, dilation, groups)
 
 
 def _random(rng, shape, dtype):

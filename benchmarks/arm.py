@@ -53,9 +53,15 @@ def plain_module(g, zp_x: int, zp_w: int):
     return tvm.IRModule({"main": te.create_prim_func([D, W, out])})
 
 
-def _loop(mod, isa):
+def hot_loop(mod, isa):
+    """The hottest loop of `mod` compiled for `isa`."""
     text = tvm.compile(mod, target=isa.target).mod.inspect_source("asm")
     return asm.hot_loop(asm.compute_function(text), isa.arch)
+
+
+def mac_rate(lp, isa_name: str, cpu: str) -> float:
+    """Products per cycle of `lp` in steady state on llvm-mca's model of `cpu`."""
+    return asm.loop_macs(lp) / mca.cycles_per_iteration(lp, cpu, MATTR.get(isa_name, ""))
 
 
 def run(layers, log) -> dict:
@@ -66,17 +72,16 @@ def run(layers, log) -> dict:
     for target, isa_name in TARGETS.items():
         isa = ARM_ISAS[isa_name]
         kern = default_mac_kernel(isa_name)
-        tile = asm.hot_loop(asm.compute_function(
-            tvm.compile(tile_module(kern, 16 * kern.k_step), target=isa.target).mod.inspect_source("asm")), isa.arch)
+        tile = hot_loop(tile_module(kern, 16 * kern.k_step), isa)
+        tile_rate = {cpu: mac_rate(tile, isa_name, cpu) for cpu in MODELS[isa_name]}
         for layer in layers:
             g = geometry((1, layer.c, layer.h, layer.w), (layer.o, layer.c, layer.k, layer.k), layer.stride, layer.pad,
                          block=conv2d_int8.conv_kernel(isa).nr)
-            loops = {"conv": _loop(conv2d_int8.build(g, isa, "int8", ZP_X)[0], isa),
-                     "vec": _loop(conv2d_int8.build(g, isa, "int8", ZP_X, tensorize=False)[0], isa),
-                     "plain": _loop(plain_module(g, ZP_X, ZP_W), isa)}
+            loops = {"conv": hot_loop(conv2d_int8.build(g, isa, "int8", ZP_X)[0], isa),
+                     "vec": hot_loop(conv2d_int8.build(g, isa, "int8", ZP_X, tensorize=False)[0], isa),
+                     "plain": hot_loop(plain_module(g, ZP_X, ZP_W), isa)}
             for cpu in MODELS[isa_name]:
-                rate = {name: asm.loop_macs(lp) / mca.cycles_per_iteration(lp, cpu, MATTR.get(isa_name, ""))
-                        for name, lp in [("tile", tile)] + list(loops.items())}
+                rate = {"tile": tile_rate[cpu], **{name: mac_rate(lp, isa_name, cpu) for name, lp in loops.items()}}
                 cycles, bound = mca.analyze(loops["conv"], cpu, MATTR.get(isa_name, ""))
                 row = {"target": target, "model": cpu, "layer": layer.label, "row": layer.row,
                        "tile_kernel": kern.name, **{f"{k}_mac_per_cycle": v for k, v in rate.items()},
@@ -86,12 +91,11 @@ def run(layers, log) -> dict:
                     f"{rate['vec']:7.2f} {rate['plain']:8.2f} {rate['conv'] / rate['vec']:7.2f} {rate['conv'] / rate['plain']:7.2f}"
                     f" {100 * bound / cycles:10.0f}%")
         dw_geometry = geometry((1, 64, 28, 28), (64, 1, 3, 3), 1, 1, 1, 64, block=kern.nr)
-        mod, plan = conv2d_int8.build(dw_geometry, isa, "int8", ZP_X)
-        dw, gemm_plan = _loop(mod, isa), conv2d_int8.Int8Plan(dw_geometry, conv2d_int8.conv_kernel(isa), False)
+        dw = hot_loop(conv2d_int8.build(dw_geometry, isa, "int8", ZP_X)[0], isa)
+        gemm_plan = conv2d_int8.Int8Plan(dw_geometry, conv2d_int8.conv_kernel(isa), False)
         useful = 1 / (gemm_plan.cp * gemm_plan.op)  # one channel in, one out, per group
         for cpu in MODELS[isa_name]:
-            rate = asm.loop_macs(dw) / mca.cycles_per_iteration(dw, cpu, MATTR.get(isa_name, ""))
-            gemm = asm.loop_macs(tile) / mca.cycles_per_iteration(tile, cpu, MATTR.get(isa_name, "")) * useful
+            rate, gemm = mac_rate(dw, isa_name, cpu), tile_rate[cpu] * useful
             result["rows"].append({"target": target, "model": cpu, "layer": "depthwise 64x28x28 k3",
                                    "depthwise_mac_per_cycle": rate, "gemm_path_useful_mac_per_cycle": gemm})
             log(f"{target:16} {cpu:11}    depthwise 64x28x28 k3 s1 p1     vector path {rate:5.2f}, "

@@ -165,7 +165,8 @@ def _pack_gemm_weights(plan: Int8Plan, w: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(blocks)
 
 
-def _render_pack(plan: Int8Plan, dtype: str, zp: int, groups_dim: bool) -> list[str]:
+def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    """The pack stage: (N, G, Hp, Wp, Cp) for the GEMM path, (N, Hp, Wp, C) for depthwise."""
     g = plan.g
     hp, wp = plan.packed_hw
     top, left = g.pad[0], g.pad[1]
@@ -186,8 +187,8 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int, groups_dim: bool) -> list[
     else:
         value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
         zero = "T.int16(0)"
-    gi = ("vg, " if groups_dim else "")
-    loops = ("n, gg, y, x, c", f"{g.n}, {g.groups}, {hp}, {wp}, {cp}", "vn, vg, vy, vx, vc", "SSSSS") if groups_dim \
+    gi = "" if plan.depthwise else "vg, "
+    loops = ("n, gg, y, x, c", f"{g.n}, {g.groups}, {hp}, {wp}, {cp}", "vn, vg, vy, vx, vc", "SSSSS") if not plan.depthwise \
         else ("n, y, x, c", f"{g.n}, {hp}, {wp}, {cp}", "vn, vy, vx, vc", "SSSS")
     return [
         f"    for {loops[0]} in T.grid({loops[1]}):",
@@ -224,7 +225,7 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool, zw8: 
     ]
     if plan.dot:
         L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
-    L += _render_pack(plan, dtype, zp, groups_dim=True)
+    L += _render_pack(plan, dtype, zp)
     L += [
         f"    for n, gg, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):",
     ]
@@ -284,7 +285,7 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> str:
         f"    P = T.alloc_buffer(({g.n}, {hp}, {wp}, {cp}), 'int16')",
         f"    Acc = T.alloc_buffer(({g.n}, {oh}, {ow}, {cp}), 'int32')",
     ]
-    L += _render_pack(plan, dtype, zp, groups_dim=False)
+    L += _render_pack(plan, dtype, zp)
     L += [
         f"    for n, y, x, c, r, s in T.grid({g.n}, {oh}, {ow}, {cp}, {g.kh}, {g.kw}):",
         "        with T.sblock('conv'):",
@@ -301,10 +302,15 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> str:
     return "\n".join(L) + "\n"
 
 
-def conv_kernel(isa: Isa, dtype: str = "int8") -> MacKernel:
-    """The tile a conv runs on: the ISA's default, except that int16 (legalized) data cannot go
-    through sdot and takes AArch64's int16 tile instead."""
-    if isa.name == "aarch64dot" and dtype == "int16":
+def is_depthwise(g) -> bool:
+    return g.groups == g.c == g.o and g.groups > 1
+
+
+def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False) -> MacKernel:
+    """The tile a conv runs on: the ISA's default, except on the dotprod core for int16
+    (legalized) data, which sdot cannot take, and for depthwise layers, whose channels-in-lanes
+    path is an s16 MAC: both use AArch64's int16 tile."""
+    if isa.name == "aarch64dot" and (dtype == "int16" or depthwise):
         return default_mac_kernel("aarch64")
     return default_mac_kernel(isa.name)
 
@@ -312,10 +318,8 @@ def conv_kernel(isa: Isa, dtype: str = "int8") -> MacKernel:
 def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int = 0, weight_dtype: str = "int8"):
     """(IRModule after scheduling, plan). tensorize=False vectorizes the same tiling instead: the
     'LLVM chooses the instructions' baseline of `bench arm`."""
-    depthwise = g.groups == g.c == g.o and g.groups > 1
-    plan = Int8Plan(g, conv_kernel(isa, dtype), depthwise)
-    if plan.dot and depthwise:  # channels in lanes use the s16 MAC, even on a dotprod core
-        plan = Int8Plan(g, default_mac_kernel("aarch64"), depthwise)
+    depthwise = is_depthwise(g)
+    plan = Int8Plan(g, conv_kernel(isa, dtype, depthwise), depthwise)
     if depthwise:
         sch = s_tir.Schedule(parser.parse(_render_depthwise(plan, dtype, zp_x), extra_vars={"T": T}))
         blk = sch.get_sblock("conv")
@@ -409,7 +413,7 @@ def conv2d_int8(g, isa: Isa, dtype: str, weight_dtype: str, input_zero_point, we
     if k > MAX_K:
         raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K}, the longest sum of "
                          f"8-bit products (each up to {MAX_PRODUCT}) that int32 holds exactly")
-    if conv_kernel(isa, dtype).op == "dot" and k > MAX_K_DOT:
+    if conv_kernel(isa, dtype, is_depthwise(g)).op == "dot" and k > MAX_K_DOT:
         raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K_DOT}, the longest the "
                          f"sdot expansion (four terms, each up to 128*128*K) keeps exact in int32")
     mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype)

@@ -9,7 +9,6 @@ and not slower.
 """
 
 import pytest
-import tvm
 
 from benchmarks import arm
 from intrinsics.int_mac import tile_module
@@ -24,22 +23,14 @@ from ..arm_tools import require_mca
 LAYER = ((1, 128, 8, 8), (128, 128, 3, 3), 1, 1)
 
 
-def _rate(lp, isa_name, cpu):
-    return asm.loop_macs(lp) / mca.cycles_per_iteration(lp, cpu, arm.MATTR.get(isa_name, ""))
-
-
-def _loop(mod, isa):
-    return asm.hot_loop(asm.compute_function(tvm.compile(mod, target=isa.target).mod.inspect_source("asm")), isa.arch)
-
-
 @pytest.mark.parametrize("isa_name", list(ARM_ISAS), ids=str)
 def test_tile_k_loop_reaches_3_macs_per_cycle(isa_name):
     require_mca()
     isa, kern = ARM_ISAS[isa_name], default_mac_kernel(isa_name)
-    lp = _loop(tile_module(kern, 8 * kern.k_step), isa)
+    lp = arm.hot_loop(tile_module(kern, 8 * kern.k_step), isa)
     assert asm.loop_macs(lp) == kern.mr * kern.nr * kern.k_step
     for cpu in arm.MODELS[isa_name]:
-        assert _rate(lp, isa_name, cpu) >= 3.0, cpu
+        assert arm.mac_rate(lp, isa_name, cpu) >= 3.0, cpu
 
 
 @pytest.mark.parametrize("isa_name", ["neon", "aarch64", "aarch64dot"], ids=str)
@@ -47,11 +38,11 @@ def test_conv_hot_loop_beats_llvm_vectorization(isa_name):
     require_mca()
     isa = ARM_ISAS[isa_name]
     g = geometry(*LAYER, block=conv2d_int8.conv_kernel(isa).nr)
-    ours = _loop(conv2d_int8.build(g, isa, "int8", 3)[0], isa)
-    vec = _loop(conv2d_int8.build(g, isa, "int8", 3, tensorize=False)[0], isa)
-    plain = _loop(arm.plain_module(g, 3, -2), isa)
+    ours = arm.hot_loop(conv2d_int8.build(g, isa, "int8", 3)[0], isa)
+    vec = arm.hot_loop(conv2d_int8.build(g, isa, "int8", 3, tensorize=False)[0], isa)
+    plain = arm.hot_loop(arm.plain_module(g, 3, -2), isa)
     for cpu in arm.MODELS[isa_name]:
-        r_ours, r_vec, r_plain = (_rate(lp, isa_name, cpu) for lp in (ours, vec, plain))
+        r_ours, r_vec, r_plain = (arm.mac_rate(lp, isa_name, cpu) for lp in (ours, vec, plain))
         cycles, bound = mca.analyze(ours, cpu, arm.MATTR.get(isa_name, ""))
         assert r_ours >= 3.0, (cpu, r_ours)
         assert r_ours >= 1.2 * r_vec or (bound / cycles > 0.99 and r_ours >= r_vec), (cpu, r_ours, r_vec, bound, cycles)

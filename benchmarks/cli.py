@@ -1,4 +1,4 @@
-"""Command line: `python -m microkernels bench gemm|conv2d [...]`, `python -m microkernels regen-asm`."""
+"""Command line: `python -m microkernels bench gemm|conv2d|arm [...]`, `regen-asm`, `check-tools`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,29 @@ def _parse_size(text: str) -> tuple[int, int, int]:
     return tuple(parts)
 
 
+def _add_workloads(parser) -> None:
+    parser.add_argument("--workloads", default=None,
+                        help="a packaged table's name (default resnet50_v1.5) or a CSV file's path")
+
+
+def check_tools() -> int:
+    """One line per tool the ARM tests and `bench arm` need; 1 if any of them fails."""
+    import shutil
+
+    from microkernels import mca
+    from schedules import emulate
+
+    failed = 0
+    for arch, tc in emulate.ARCHES.items():
+        problem = emulate.toolchain_problem(arch)
+        failed |= problem is not None
+        print(f"{arch}: {problem or f'ok ({tc.gcc} -static, run under {tc.qemu})'}")
+    where = shutil.which(mca.TOOL)
+    failed |= where is None
+    print(f"{mca.TOOL}: {f'ok ({where})' if where else 'not found on PATH (Debian package llvm)'}")
+    return int(failed)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m microkernels")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -31,17 +54,18 @@ def main(argv=None) -> int:
     g.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     c = bsub.add_parser("conv2d", help="ResNet-50 conv layers vs PyTorch (oneDNN)")
     c.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
-    c.add_argument("--workloads", default=None, help="CSV of layers (default: ../shared/workloads/resnet50_v1.5_conv2d.csv)")
+    _add_workloads(c)
     c.add_argument("--layers", nargs="+", type=int, default=None, help="only these rows of the CSV (0-based)")
     c.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
     c.add_argument("--cache", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     a = bsub.add_parser("arm", help="static MAC/cycle of the ARM int8 kernels and conv (llvm-mca)")
-    a.add_argument("--workloads", default=None, help="CSV of layers (default: ../shared/workloads/resnet50_v1.5_conv2d.csv)")
+    _add_workloads(a)
     a.add_argument("--layers", nargs="+", type=int, default=[2, 10, 15], help="rows of the CSV (0-based)")
     a.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
+    sub.add_parser("check-tools", help="self-check the ARM cross toolchains, qemu-user and llvm-mca")
     args = p.parse_args(argv)
 
     if args.cmd == "regen-asm":
@@ -51,6 +75,9 @@ def main(argv=None) -> int:
         for path in tile_golden.regenerate() + conv_golden.regenerate():
             print(f"wrote {path}")
         return 0
+
+    if args.cmd == "check-tools":
+        return check_tools()
 
     def log(line):
         print(line, flush=True)

@@ -11,9 +11,11 @@ for ours, a 64 MiB write for PyTorch), so every call starts with weights and inp
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,10 @@ import schedules
 from microkernels import Isa
 from schedules.targets import require_host, set_threads
 
-DEFAULT_WORKLOADS = Path(__file__).resolve().parent.parent.parent / "shared" / "workloads" / "resnet50_v1.5_conv2d.csv"
+# Workload tables ship inside the package (benchmarks/workloads/<name>_conv2d.csv), so a clone
+# or an installed copy finds them with nothing beside it.
+WORKLOADS = resources.files(__package__) / "workloads"
+DEFAULT_WORKLOADS = "resnet50_v1.5"
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,22 @@ class Layer:
                                 padding=self.pad, target=f"x86-{isa.name}", threads=threads)
 
 
-def load_workloads(path) -> list[Layer]:
-    with open(path) as f:
-        keys = ("in_channels", "height", "width", "out_channels", "kernel", "stride", "padding", "count")
-        return [Layer(*(int(row[k]) for k in keys), row=i) for i, row in enumerate(csv.DictReader(f))]
+def workload_names() -> list[str]:
+    return sorted(f.name.removesuffix("_conv2d.csv") for f in WORKLOADS.iterdir() if f.name.endswith("_conv2d.csv"))
+
+
+def load_workloads(source: str | Path = DEFAULT_WORKLOADS) -> list[Layer]:
+    """Layers of a packaged table by name (`workload_names()`), or of a CSV file by path."""
+    packaged = WORKLOADS / f"{source}_conv2d.csv"
+    if packaged.is_file():
+        text = packaged.read_text()
+    elif Path(source).is_file():
+        text = Path(source).read_text()
+    else:
+        raise FileNotFoundError(f"no workload table {str(source)!r}: not a file, nor one of the packaged "
+                                f"tables {workload_names()}")
+    keys = ("in_channels", "height", "width", "out_channels", "kernel", "stride", "padding", "count")
+    return [Layer(*(int(row[k]) for k in keys), row=i) for i, row in enumerate(csv.DictReader(io.StringIO(text)))]
 
 
 def torch_version() -> str | None:

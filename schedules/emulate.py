@@ -13,35 +13,77 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import tvm_ffi
 
-# arch -> (cross gcc, qemu-user binary, Debian packages providing them)
+
+class Toolchain(NamedTuple):
+    gcc: str  # cross compiler command
+    qemu: str  # qemu-user binary
+    packages: tuple[str, ...]  # Debian packages that provide both, and the C library gcc links
+
+
+# The cross C library is only *recommended* by the cross gcc, so `--no-install-recommends`
+# leaves gcc unable to include <stdio.h> or link -static: it must be named on its own.
 ARCHES = {
-    "armv7": ("arm-linux-gnueabihf-gcc", "qemu-arm", ("gcc-arm-linux-gnueabihf", "qemu-user")),
-    "aarch64": ("aarch64-linux-gnu-gcc", "qemu-aarch64", ("gcc-aarch64-linux-gnu", "qemu-user")),
+    "armv7": Toolchain("arm-linux-gnueabihf-gcc", "qemu-arm",
+                       ("gcc-arm-linux-gnueabihf", "libc6-dev-armhf-cross", "qemu-user")),
+    "aarch64": Toolchain("aarch64-linux-gnu-gcc", "qemu-aarch64",
+                         ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user")),
 }
+PACKAGES = tuple(dict.fromkeys(p for t in ARCHES.values() for p in t.packages))
 # One command for both arches: whoever needs one usually soon needs the other.
-INSTALL_HINT = "apt-get install gcc-arm-linux-gnueabihf gcc-aarch64-linux-gnu qemu-user"
+INSTALL_HINT = "apt-get install " + " ".join(PACKAGES)
 HARNESS = Path(__file__).with_name("qemu_harness.c")
 TIMEOUT = 300  # seconds per qemu run; a hung kernel should fail a test, not stall CI
 DLPACK_CODE = {"i": 0, "u": 1, "f": 2}  # numpy kind -> DLPack kDLInt / kDLUInt / kDLFloat
 
+# The self-check's program: C library headers, static libc and qemu, nothing of TVM's.
+_PROBE_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    long n = argc > 1 ? strtol(argv[1], NULL, 10) : 0, sum = 0;
+    for (long i = 1; i <= n; i++) sum += i * i;
+    printf("%ld\n", sum);
+    return 0;
+}
+"""
+_PROBE_N, _PROBE_SUM = 10, 385
 
-class EmulatorMissingError(RuntimeError):
+
+class ToolchainError(RuntimeError):
+    """The cross compiler, its C library or qemu failed for a reason that is not the kernel:
+    nothing about the inputs can change the outcome, so callers need not retry other inputs."""
+
+
+class EmulatorMissingError(ToolchainError):
     """The cross compiler or qemu-user binary for an arch is not on PATH."""
 
 
-def _arch(arch: str):
+def _arch(arch: str) -> Toolchain:
     if arch not in ARCHES:
         raise ValueError(f"unknown arch {arch!r}; expected one of {sorted(ARCHES)}")
     return ARCHES[arch]
 
 
 def missing_tools(arch: str) -> list[str]:
-    gcc, qemu, _ = _arch(arch)
-    return [tool for tool in (gcc, qemu) if shutil.which(tool) is None]
+    t = _arch(arch)
+    return [tool for tool in (t.gcc, t.qemu) if shutil.which(tool) is None]
+
+
+def missing_packages(arch: str) -> list[str] | None:
+    """`arch`'s Debian packages that dpkg says are not installed; None where there is no dpkg."""
+    if shutil.which("dpkg-query") is None:
+        return None
+    missing = []
+    for pkg in _arch(arch).packages:
+        proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True)
+        if proc.returncode or not proc.stdout.endswith(" installed"):
+            missing.append(pkg)
+    return missing
 
 
 def require_tools(arch: str) -> None:
@@ -50,6 +92,37 @@ def require_tools(arch: str) -> None:
         raise EmulatorMissingError(
             f"cannot emulate {arch}: {', '.join(missing)} not found on PATH; install with: {INSTALL_HINT}"
         )
+
+
+def self_check(arch: str) -> None:
+    """Compile, statically link and run a small C program under qemu for `arch`, or raise
+    ToolchainError saying what is missing (by Debian package where dpkg can tell)."""
+    require_tools(arch)
+    t = ARCHES[arch]
+    with tempfile.TemporaryDirectory(prefix="tvm-emulate-check-") as tmp:
+        src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
+        src.write_text(_PROBE_C)
+        try:
+            _output([t.gcc, "-O2", "-static", "-o", str(exe), str(src)])
+            out = _output([t.qemu, str(exe), str(_PROBE_N)], timeout=60)
+        except ToolchainError as err:
+            missing = missing_packages(arch)
+            hint = (f"Debian packages not installed: {' '.join(missing)}" if missing
+                    else "the packages are installed, so read the error above")
+            raise ToolchainError(f"{arch} toolchain self-check failed ({hint}; install with: {INSTALL_HINT})"
+                                 f"\n{err}") from None
+    if out.split() != [str(_PROBE_SUM)]:
+        raise ToolchainError(f"{arch} self-check program under {t.qemu} printed {out!r}, expected {_PROBE_SUM}")
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_problem(arch: str) -> str | None:
+    """self_check's message, or None when `arch` emulates; checked once per process."""
+    try:
+        self_check(arch)
+    except ToolchainError as err:
+        return str(err)
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,17 +140,21 @@ def _workdir() -> Path:
 def _harness_object(arch: str) -> Path:
     out = _workdir() / f"harness-{arch}.o"
     include = Path(tvm_ffi.__file__).parent / "include"
-    _check([ARCHES[arch][0], "-O2", "-std=c11", "-Wall", "-I", str(include), "-c", str(HARNESS), "-o", str(out)])
+    _output([ARCHES[arch].gcc, "-O2", "-std=c11", "-Wall", "-I", str(include), "-c", str(HARNESS), "-o", str(out)])
     return out
 
 
-def _check(cmd: list[str], timeout: float | None = None) -> None:
+def _output(cmd: list[str], timeout: float | None = None, error=ToolchainError) -> str:
+    """Run `cmd`; its stdout, or `error` carrying the command and its stderr."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{cmd[0]} timed out after {timeout} s") from None
+        raise error(f"{cmd[0]} timed out after {timeout} s") from None
+    except OSError as err:
+        raise error(f"{cmd[0]} could not start: {err}") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+        raise error(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc.stdout
 
 
 def _validate(i: int, a) -> None:
@@ -98,15 +175,18 @@ def run(lib, arch: str, args: list[np.ndarray], outputs: list[int]) -> list[np.n
             raise IndexError(f"output index {k} out of range for {len(args)} args")
     require_tools(arch)
     gcc, qemu, _ = ARCHES[arch]
+    # Compiling the harness and linking touch only the toolchain: their failures are
+    # ToolchainError. Running is the kernel's part: a crash or TVM's argument checks there
+    # come back as a plain RuntimeError.
     harness = _harness_object(arch)
     with tempfile.TemporaryDirectory(dir=_workdir()) as tmp:
         tmp = Path(tmp)
         lib.mod.write_to_file(str(tmp / "kernel.o"))
-        _check([gcc, "-static", "-o", str(tmp / "run"), str(harness), str(tmp / "kernel.o"), "-lm"])
+        _output([gcc, "-static", "-o", str(tmp / "run"), str(harness), str(tmp / "kernel.o"), "-lm"])
         argv = [qemu, str(tmp / "run")]
         for i, a in enumerate(args):
             a.tofile(tmp / f"arg{i}.bin")
             argv += [str(DLPACK_CODE[a.dtype.kind]), str(a.dtype.itemsize * 8), str(a.ndim)]
             argv += [str(d) for d in a.shape] + [str(tmp / f"arg{i}.bin")]
-        _check(argv, timeout=TIMEOUT)
+        _output(argv, timeout=TIMEOUT, error=RuntimeError)
         return [np.fromfile(tmp / f"arg{k}.bin", dtype=args[k].dtype).reshape(args[k].shape) for k in outputs]

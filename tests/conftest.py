@@ -40,3 +40,23 @@ def assert_close_f32(got, a, b, c0=None):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _toolchain_errors_fail_fast():
+    """Turn emulate.ToolchainError, raised inside any test, into arm_tools.ToolchainBroken."""
+    from schedules import emulate
+
+    from .arm_tools import ToolchainBroken
+
+    real = emulate.run
+
+    def run(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except emulate.ToolchainError as err:
+            raise ToolchainBroken(f"{type(err).__name__}: {err}") from err
+
+    emulate.run = run
+    yield
+    emulate.run = real

@@ -1,13 +1,19 @@
-"""schedules.emulate: ARM objects run under qemu match numpy exactly; missing tools and bad inputs are refused."""
+"""schedules.emulate: ARM objects run under qemu match numpy exactly; missing tools, a broken toolchain
+and bad inputs are refused with a message that names the cause."""
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tvm import s_tir, te
 
 from schedules import emulate
 
-from ..arm_tools import require_emulator
+from ..arm_tools import ToolchainBroken, require_emulator
 
 TARGETS = {
     "armv7": {"kind": "llvm", "mtriple": "armv7l-linux-gnueabihf", "mcpu": "cortex-a53",
@@ -86,7 +92,77 @@ def test_missing_tools_named_with_packages(tmp_path, monkeypatch):
             emulate.require_tools(arch)
         msg = str(err.value)
         assert gcc in msg and qemu in msg
-        assert "apt-get install gcc-arm-linux-gnueabihf gcc-aarch64-linux-gnu qemu-user" in msg
+        assert ("apt-get install gcc-arm-linux-gnueabihf libc6-dev-armhf-cross qemu-user "
+                "gcc-aarch64-linux-gnu libc6-dev-arm64-cross") in msg
+
+
+def fake_tools(folder, arch, gcc_script, qemu_script, not_installed=()):
+    """A PATH holding only shell-script stand-ins for `arch`'s cross gcc and qemu, and a
+    dpkg-query that says `not_installed` are absent and everything else is installed."""
+    gcc, qemu, _ = emulate.ARCHES[arch]
+    absent = " ".join(not_installed)
+    # called as: dpkg-query -W -f=${Status} PACKAGE
+    dpkg = (f'for p in {absent}; do [ "$p" = "$3" ] && {{ printf "unknown ok not-installed"; exit 0; }}; done\n'
+            'printf "install ok installed"')
+    for name, body in ((gcc, gcc_script), (qemu, qemu_script), ("dpkg-query", dpkg)):
+        path = folder / name
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(0o755)
+    return f"{folder}:/bin:/usr/bin"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_self_check_names_the_missing_c_library(arch, tmp_path, monkeypatch):
+    """A cross gcc on PATH without its C library (what --no-install-recommends leaves): the
+    self-check fails at once and names the library's Debian package."""
+    libc = emulate.ARCHES[arch].packages[1]
+    assert libc.startswith("libc6-dev-")
+    gcc = "echo 'stdio.h:27:10: fatal error: bits/libc-header-start.h: No such file or directory' >&2; exit 1"
+    monkeypatch.setenv("PATH", fake_tools(tmp_path, arch, gcc, "exit 0", not_installed=[libc]))
+    with pytest.raises(emulate.ToolchainError) as err:
+        emulate.self_check(arch)
+    msg = str(err.value)
+    assert f"Debian packages not installed: {libc}" in msg, msg
+    assert "bits/libc-header-start.h" in msg  # the compiler's own words follow
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_self_check_runs_the_program(arch, tmp_path, monkeypatch):
+    """The probe must run and print the right sum: a qemu that runs nothing fails the check."""
+    gcc = 'while [ "$1" != -o ]; do shift; done; : > "$2"'  # "compiles": writes an empty output file
+    monkeypatch.setenv("PATH", fake_tools(tmp_path, arch, gcc, "echo 0"))
+    with pytest.raises(emulate.ToolchainError, match=re.escape("printed '0\\n', expected 385")):
+        emulate.self_check(arch)
+    monkeypatch.setenv("PATH", fake_tools(tmp_path, arch, gcc, "echo 385"))
+    emulate.self_check(arch)  # and the same stand-ins printing the sum pass
+
+
+def test_test_command_installs_every_package_emulate_names():
+    """scripts/test installs by name what emulate's messages tell a user to install."""
+    script = (Path(__file__).parents[2] / "scripts" / "test").read_text()
+    listed = re.search(r"^packages=\((.*)\)$", script, re.M).group(1).split()
+    assert set(emulate.PACKAGES) | {"llvm"} == set(listed)
+
+
+def test_toolchain_error_is_not_shrunk_by_hypothesis(monkeypatch):
+    """A toolchain failure inside a property test ends it after the first example, instead of
+    hypothesis shrinking an error that has nothing to do with the data."""
+    def broken(arch):
+        raise emulate.ToolchainError("harness does not compile")
+
+    monkeypatch.setattr(emulate, "require_tools", lambda arch: None)
+    monkeypatch.setattr(emulate, "_harness_object", broken)
+    examples = []
+
+    @given(st.integers(1, 64))
+    @settings(max_examples=50, database=None)
+    def prop(n):
+        examples.append(n)
+        emulate.run(None, "aarch64", [np.zeros(n, np.int32)], outputs=[0])
+
+    with pytest.raises(ToolchainBroken, match="harness does not compile"):
+        prop()
+    assert len(examples) == 1
 
 
 @pytest.mark.parametrize("bad", [np.zeros(4, np.bool_), np.zeros(4, np.complex64),

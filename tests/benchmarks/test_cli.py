@@ -1,0 +1,85 @@
+"""The README's commands work from a clone with nothing beside it.
+
+Each bench command runs in a subprocess from a copy of the tracked files in a temporary folder
+(no `shared/` next to it), importing the copy's packages, on one small case each. This is what
+a user who clones or installs the project gets: a table read from a folder outside the project
+would fail here as it did for them.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import conv2d
+
+from ..arm_tools import require_mca
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_LAYER = "22"  # ResNet-50's 512x7x7 3x3: the smallest map, a few ms to compile and time
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """The tracked files as they stand in the work tree, copied into a folder of their own."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    dest = tmp_path_factory.mktemp("fresh") / "tvm-microkernels"
+    for name in filter(None, files.decode().split("\0")):
+        src = ROOT / name
+        if src.is_file():  # a file deleted in the work tree but not yet in git is not copied
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    assert not (dest.parent / "shared").exists()
+    return dest
+
+
+def cli(clone, *args, timeout=600):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(clone)  # ahead of the editable install's finder
+    proc = subprocess.run([sys.executable, *args], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_clone_imports_its_own_packages(clone):
+    out = cli(clone, "-c", "import benchmarks, schedules; print(benchmarks.__file__); print(schedules.__file__)")
+    assert all(Path(line).is_relative_to(clone) for line in out.split()), out
+
+
+def test_bench_gemm(clone):
+    out = cli(clone, "-m", "microkernels", "bench", "gemm", "--sizes", "96", "--threads", "1", "--repeat", "1")
+    assert "GFLOP/s" in out and "96x96x96" in out, out
+
+
+def test_bench_conv2d_reads_its_packaged_table(clone):
+    out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--layers", SMALL_LAYER, "--threads", "1",
+              "--cache", "warm", "--repeat", "1")
+    assert "512x7x7->512 k3 s1 p1" in out and "weighted total" in out, out
+
+
+def test_bench_arm_reads_its_packaged_table(clone):
+    require_mca()
+    out = cli(clone, "-m", "microkernels", "bench", "arm", "--layers", SMALL_LAYER)
+    assert "512x7x7->512 k3 s1 p1" in out, out
+
+
+def test_check_tools_reports_every_tool(clone):
+    """check-tools' lines, whatever this machine has; its verdict is the self-check's."""
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    proc = subprocess.run([sys.executable, "-m", "microkernels", "check-tools"], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["armv7", "aarch64", "llvm-mca"], proc.stdout
+    assert proc.returncode == (0 if all(": ok (" in line for line in lines) else 1), proc.stdout
+
+
+def test_packaged_tables_load_and_unknown_ones_are_named():
+    assert "resnet50_v1.5" in conv2d.workload_names()
+    layers = conv2d.load_workloads()
+    assert len(layers) == 23 and sum(layer.count for layer in layers) == 53
+    with pytest.raises(FileNotFoundError, match=r"'nope'.*resnet50_v1\.5"):
+        conv2d.load_workloads("nope")

@@ -1,0 +1,144 @@
+"""TensorIntrins for the Winograd transform kernels: Y = M X M^T over a 16-channel block.
+
+Description, for a transform matrix M (p x q) and one tile of 16-channel elements:
+    dst[i, j, c] = sum over (k, l) of M[i, k] * src[k, l, c] * M[j, l]      (init 0)
+src is q x q x 16 and dst p x p x 16, both with free row and column strides (the channels are
+contiguous). The constants enter the TIR as a select over (i, k); `coef` renders it, and the
+Winograd schedule builds its transform blocks from the same function, so the two match.
+
+Where the schedule keeps a tile's 16 channels between two larger dimensions (the tile index t
+in V[xi, nu, t, c] and M[xi, nu, t, c], which the GEMM needs outside the channels; the input
+channel in the weights), the operand carries that unit dimension too: tensorize matches a
+region only if its extra dimensions lead. `UNIT_AXIS` says which operands have it, per kind.
+
+Side effect the description does not show: the output transform (kind "out") keeps its first
+pass in `src` and so overwrites it. The schedule hands it scratch it never reads again.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tvm
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from microkernels.f32_wino import BLOCK, WinoKernel
+
+_REGISTERED: list[str] = []
+# kind -> (src, dst) has a unit axis before the channels: (q, q, 1, 16) instead of (q, q, 16).
+UNIT_AXIS = {"in": (False, True), "out": (True, False), "wt": (True, True)}
+
+
+def _index(unit: bool, i: str, j: str, c: str) -> str:
+    return f"{i}, {j}, 0, {c}" if unit else f"{i}, {j}, {c}"
+
+
+def _region(unit: bool, n: int) -> str:
+    return f"0:{n}, 0:{n}, 0:1, 0:{BLOCK}" if unit else f"0:{n}, 0:{n}, 0:{BLOCK}"
+
+
+def coef(mat, a: str, b: str) -> str:
+    """TVMScript of M[a, b] for loop variables named a and b: a select over the non-zeros."""
+    expr = "T.float32(0)"
+    for i, row in enumerate(mat):
+        for k, v in enumerate(row):
+            if v != 0:
+                expr = f"T.Select({a} == {i} and {b} == {k}, T.float32({float(v)!r}), {expr})"
+    return expr
+
+
+def update(mat, dst: str, src: str) -> str:
+    """The reduction's body, shared by the description and the schedule's blocks."""
+    return f"{dst} = {dst} + {coef(mat, 'vi', 'vk')} * {src} * {coef(mat, 'vj', 'vl')}"
+
+
+def _text(kern: WinoKernel) -> str:
+    (q, _), (p, _) = kern.shapes
+    mat = kern.program_matrix
+    su, du = UNIT_AXIS[kern.kind]
+
+    def buf(name, n, unit, strides):
+        shape = f"({n}, {n}, 1, {BLOCK})" if unit else f"({n}, {n}, {BLOCK})"
+        strides = f"{strides}, T.int32(), 1" if unit else f"{strides}, 1"
+        return f"    {name} = T.match_buffer({name.lower()}, {shape}, 'float32', offset_factor=1, strides=[{strides}])"
+
+    s_at, d_at = f"S[{_index(su, 'vk', 'vl', 'vc')}]", f"D[{_index(du, 'vi', 'vj', 'vc')}]"
+    reads, writes = f"S[{_region(su, q)}]", f"D[{_region(du, p)}]"
+    desc = [
+        "@T.prim_func(s_tir=True)",
+        "def desc(s: T.handle, d: T.handle):",
+        buf("S", q, su, "T.int32(), T.int32()"),
+        buf("D", p, du, "T.int32(), T.int32()"),
+        "    with T.sblock('root'):",
+        f"        T.reads({reads})",
+        f"        T.writes({writes})",
+        f"        for i, j, c, k, l in T.grid({p}, {p}, {BLOCK}, {q}, {q}):",
+        "            with T.sblock('update'):",
+        "                vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
+        f"                T.reads({d_at}, {s_at})",
+        f"                T.writes({d_at})",
+        "                with T.init():",
+        f"                    {d_at} = T.float32(0)",
+        f"                {update(mat, d_at, s_at)}",
+    ]
+    impl = [
+        "@T.prim_func(s_tir=True)",
+        "def impl(s: T.handle, d: T.handle):",
+        "    rs = T.int32()", "    cs = T.int32()", "    rd = T.int32()", "    cd = T.int32()",
+        buf("S", q, su, "rs, cs"),
+        buf("D", p, du, "rd, cd"),
+        "    with T.sblock('root'):",
+        f"        T.reads({reads})",
+        f"        T.writes({writes})",
+        # The attribute carries the kernel's IR into the module that uses the intrinsic.
+        "        with T.attr(0, 'pragma_import_llvm', IR):",
+        f"            T.evaluate(T.call_extern('void', '{kern.name}', S.access_ptr('r'), rs, cs,"
+        " D.access_ptr('w'), rd, cd))",
+    ]
+    return "\n".join(desc) + "\n", "\n".join(impl) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def register(kern: WinoKernel) -> str:
+    """Register (once) the intrinsic of a transform kernel; its name is the kernel's."""
+    desc, impl = _text(kern)
+    env = {"T": T, "IR": kern.llvm_ir()}
+    s_tir.TensorIntrin.register(kern.name, parser.parse(desc, extra_vars=env), parser.parse(impl, extra_vars=env))
+    _REGISTERED.append(kern.name)
+    return kern.name
+
+
+def names() -> list[str]:
+    return list(_REGISTERED)
+
+
+def tile_module(kern: WinoKernel, src_shape: tuple, src_at: tuple, dst_shape: tuple, dst_at: tuple):
+    """One transform placed inside larger buffers (at offsets, with real strides) and
+    tensorized: for kernel tests and golden dumps. A buffer is (rows, cols, 16), or
+    (rows, cols, n, 16) for an operand with a unit axis, whose `*_at` then has a third entry:
+    the index along n. Returns the scheduled IRModule."""
+    (q, _), (p, _) = kern.shapes
+    su, du = UNIT_AXIS[kern.kind]
+    ref = lambda name, at, unit, i, j: (  # noqa: E731
+        f"{name}[{at[0]} + {i}, {at[1]} + {j}, {at[2]}, vc]" if unit else f"{name}[{at[0]} + {i}, {at[1]} + {j}, vc]")
+    d_ref, s_ref = ref("D", dst_at, du, "vi", "vj"), ref("S", src_at, su, "vk", "vl")
+    text = "\n".join([
+        "@T.prim_func(s_tir=True)",
+        f"def main(S: T.Buffer({src_shape}, 'float32'), D: T.Buffer({dst_shape}, 'float32')):",
+        "    T.func_attr({'tirx.noalias': True})",
+        f"    for i, j, c, k, l in T.grid({p}, {p}, {BLOCK}, {q}, {q}):",
+        "        with T.sblock('wino'):",
+        "            vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
+        "            with T.init():",
+        f"                {d_ref} = T.float32(0)",
+        f"            {update(kern.program_matrix, d_ref, s_ref)}",
+    ]) + "\n"
+    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    sch.tensorize(sch.get_loops(sch.get_sblock("wino"))[0], register(kern))
+    return sch.mod
+
+
+def compile_tile(kern: WinoKernel, src_shape, src_at, dst_shape, dst_at):
+    return tvm.compile(tile_module(kern, src_shape, src_at, dst_shape, dst_at), target=kern.isa.target)

@@ -1,0 +1,201 @@
+"""FP32 conv2d by Winograd F(m x m, 3 x 3), m in {2, 4, 6}, on NCHW16c data.
+
+Per band of VT rows of output tiles (T = VT * tiles per row), all in buffers sized to the band:
+    pack   the band's input rows, zero padding and channels padded to 16 included   P
+    in     V[xi, nu, t, c]    = B^T d_t B          per tile and input block   (transform kernel)
+    for each output block o:
+      gemm   M[xi, nu, t, :16] = V[xi, nu, t, :] @ U[o, xi, nu, :, :16]       (GEMM tile, beta=0)
+      out    Y[tile rows]      = A^T M_t A                                    (transform kernel)
+      store  the valid part of Y into the output (the right and bottom tiles may be partial)
+The band is sized so that V stays in L2 while every output block sweeps it; M and Y are one
+output block's worth, in L1. Threads split the bands. The weights are transformed once, ahead
+of time (`pack_weights`), into U[o, xi, nu, c, 16], the B panels the GEMM reads: alpha^2 / 9 times
+the bytes of the 3x3 weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from intrinsics.f32_gemm import register as register_gemm
+from intrinsics.f32_wino import register as register_wino
+from intrinsics.f32_wino import update
+from microkernels import DEFAULT_TILES, GemmKernel, Isa
+from microkernels import f32_wino as wino
+
+from .conv2d import Conv2dOp, ConvBlocking, Geometry, _ceil_div, _segments
+from .targets import check_array
+
+BLOCK = wino.BLOCK
+TILES = tuple(sorted(wino.POINTS))
+
+
+def refusal(g: Geometry) -> str | None:
+    """Why Winograd F(m, 3) cannot compute this layer, or None when it can."""
+    if (g.kh, g.kw) != (3, 3):
+        return f"a 3x3 kernel, got {g.kh}x{g.kw}"
+    if g.stride != (1, 1):
+        return f"stride 1, got {g.stride}"
+    if g.dilation != (1, 1):
+        return f"dilation 1, got {g.dilation}"
+    if g.groups != 1:
+        return f"groups = 1, got {g.groups}"
+    return None
+
+
+def _band_tile_rows(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> int:
+    """Tile rows per band: the most whose transformed input V fits in half of L2, among the
+    divisors of the tile rows, keeping at least one band per thread where there are enough."""
+    oh, ow = g.out_hw
+    th, tw = _ceil_div(oh, m), _ceil_div(ow, m)
+    alpha, cp = m + 2, _ceil_div(g.c, BLOCK) * BLOCK
+    v_bytes = lambda vt: alpha * alpha * vt * tw * cp * 4  # noqa: E731
+    divisors = [d for d in range(1, th + 1) if th % d == 0]
+    fit = [d for d in divisors if v_bytes(d) <= blocking.image_budget] or [1]
+    spread = [d for d in fit if g.n * (th // d) >= threads]
+    return max(spread or fit)
+
+
+def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str, str]]]:
+    """TVMScript of the whole layer, and the (block name, intrinsic) pairs to tensorize."""
+    oh, ow = g.out_hw
+    alpha = m + 2
+    th, tw = _ceil_div(oh, m), _ceil_div(ow, m)
+    nbands, nt = th // vt, vt * tw
+    cb = _ceil_div(g.c, BLOCK)
+    cp, ob = cb * BLOCK, g.ob
+    ph, pw = vt * m + 2, tw * m + 2
+    top, left = g.pad[0], g.pad[1]
+    bt, at = wino.transform_matrix("in", m), wino.transform_matrix("out", m)
+    mr = DEFAULT_TILES[isa.name][0]
+    u_shape = (ob, alpha, alpha, cp, BLOCK)
+    full = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
+    lane_ok = "" if g.bi == BLOCK else f" and vi < {g.bi}"
+    L = [
+        "@T.prim_func(s_tir=True)",
+        f"def main(D: T.Buffer({g.data_shape}, 'float32'), U: T.Buffer({u_shape}, 'float32'),"
+        f" Out: T.Buffer({g.out_shape}, 'float32')):",
+        "    T.func_attr({'tirx.noalias': True})",
+        f"    for nb in T.parallel({g.n * nbands}):",
+        "        with T.sblock('band'):",
+        f"            vn = T.axis.spatial({g.n}, nb // {nbands})",
+        f"            vb = T.axis.spatial({nbands}, nb % {nbands})",
+        f"            T.reads(D[vn, {full(g.data_shape[1:])}], U[{full(u_shape)}])",
+        f"            T.writes(Out[vn, {full(g.out_shape[1:])}])",
+        f"            P = T.alloc_buffer(({cb}, {ph}, {pw}, {BLOCK}), 'float32')",
+        f"            V = T.alloc_buffer(({alpha}, {alpha}, {nt}, {cp}), 'float32')",
+        f"            M = T.alloc_buffer(({alpha}, {alpha}, {nt}, {BLOCK}), 'float32')",
+        f"            Y = T.alloc_buffer(({vt * m}, {tw * m}, {BLOCK}), 'float32')",
+        f"            for q, r, x, i in T.grid({cb}, {ph}, {pw}, {BLOCK}):",
+        "                with T.sblock('pack'):",
+        "                    vq, vr, vx, vi = T.axis.remap('SSSS', [q, r, x, i])",
+        "                    P[vq, vr, vx, vi] = T.if_then_else(",
+        f"                        0 <= vb * {vt * m} + vr - {top} and vb * {vt * m} + vr - {top} < {g.h}"
+        f" and 0 <= vx - {left} and vx - {left} < {g.w}{lane_ok},",
+        f"                        D[vn, vq, vb * {vt * m} + vr - {top}, vx - {left}, vi], T.float32(0))",
+        f"            for q, ty, tx, i, j, c, k, l in T.grid({cb}, {vt}, {tw}, {alpha}, {alpha}, {BLOCK}, {alpha}, {alpha}):",
+        "                with T.sblock('wino_in'):",
+        "                    vq, vty, vtx = T.axis.remap('SSS', [q, ty, tx])",
+        "                    vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
+        "                    with T.init():",
+        f"                        V[vi, vj, vty * {tw} + vtx, vq * {BLOCK} + vc] = T.float32(0)",
+        "                    " + update(bt, f"V[vi, vj, vty * {tw} + vtx, vq * {BLOCK} + vc]",
+                                       f"P[vq, vty * {m} + vk, vtx * {m} + vl, vc]"),
+        f"            for o in T.serial({ob}):",
+    ]
+    tensorized = [("wino_in", register_wino(wino.WinoKernel(isa, "in", m)))]
+    for si, (start, count, t) in enumerate(_segments(nt, mr)):
+        name = f"wino_gemm_{si}"
+        loops, exts = (["tt", "mm"], [count, t]) if t >= 2 else (["tt"], [count])
+        L += [
+            f"                for e1, e2, {', '.join(loops)}, jj, kk in T.grid({alpha}, {alpha}, "
+            f"{', '.join(map(str, exts))}, {BLOCK}, {cp}):",
+            f"                    with T.sblock('{name}'):",
+            "                        vo, ve1, ve2 = T.axis.remap('SSS', [o, e1, e2])",
+            f"                        vt0 = T.axis.spatial({nt}, {start} + tt * {t})",
+        ]
+        if t >= 2:
+            L.append(f"                        vm = T.axis.spatial({t}, mm)")
+        vtile = "vt0 + vm" if t >= 2 else "vt0"
+        L += [
+            f"                        vj = T.axis.spatial({BLOCK}, jj)",
+            f"                        vk = T.axis.reduce({cp}, kk)",
+            "                        with T.init():",
+            f"                            M[ve1, ve2, {vtile}, vj] = T.float32(0)",
+            f"                        M[ve1, ve2, {vtile}, vj] = M[ve1, ve2, {vtile}, vj]"
+            f" + V[ve1, ve2, {vtile}, vk] * U[vo, ve1, ve2, vk, vj]",
+        ]
+        if t >= 2:
+            tensorized.append((name, register_gemm(GemmKernel(isa, t, BLOCK, accumulate=False), cp)))
+    L += [
+        f"                for ty, tx, i, j, c, k, l in T.grid({vt}, {tw}, {m}, {m}, {BLOCK}, {alpha}, {alpha}):",
+        "                    with T.sblock('wino_out'):",
+        "                        vo, vty, vtx = T.axis.remap('SSS', [o, ty, tx])",
+        "                        vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
+        "                        with T.init():",
+        f"                            Y[vty * {m} + vi, vtx * {m} + vj, vc] = T.float32(0)",
+        "                        " + update(at, f"Y[vty * {m} + vi, vtx * {m} + vj, vc]",
+                                           f"M[vk, vl, vty * {tw} + vtx, vc]"),
+        f"                for y, x, c in T.grid({vt * m}, {ow}, {BLOCK}):",
+        "                    with T.sblock('store'):",
+        "                        vo, vy, vx, vc = T.axis.remap('SSSS', [o, y, x, c])",
+        f"                        T.where(vb * {vt * m} + y < {oh})",
+        f"                        Out[vn, vo, vb * {vt * m} + vy, vx, vc] = Y[vy, vx, vc]",
+    ]
+    tensorized.append(("wino_out", register_wino(wino.WinoKernel(isa, "out", m))))
+    return "\n".join(L) + "\n", tensorized
+
+
+class WinogradConv2dOp(Conv2dOp):
+    """A compiled Winograd conv2d: the direct op's layouts and calls, transformed weights."""
+
+    @property
+    def tile(self) -> int:
+        return self.plan["tile"]
+
+    @property
+    def blocked_weight_shape(self) -> tuple:
+        g, alpha = self.geometry, self.tile + 2
+        return (g.ob, alpha, alpha, _ceil_div(g.c, BLOCK) * BLOCK, BLOCK)
+
+    def pack_weights(self, weight: np.ndarray) -> np.ndarray:
+        """U[o, xi, nu, c, j] = (G w G^T)[xi, nu] of output channel 16*o + j, input channel c,
+        in float64 then rounded once; channels zero-padded to whole blocks."""
+        g = self.geometry
+        check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
+        gm = wino.as_array(wino.transform_matrix("wt", self.tile))
+        u = np.einsum("xk,ockl,yl->xyco", gm, weight.astype(np.float64), gm)
+        ob, alpha, _, cp, _ = self.blocked_weight_shape
+        full = np.zeros((alpha, alpha, cp, ob * BLOCK), np.float64)
+        full[:, :, :g.c, :g.o] = u
+        return np.ascontiguousarray(full.reshape(alpha, alpha, cp, ob, BLOCK).transpose(3, 0, 1, 2, 4), np.float32)
+
+
+def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvBlocking, op_threads) -> WinogradConv2dOp:
+    why = refusal(g)
+    if why:
+        raise ValueError(f"algorithm='winograd' needs {why}; use algorithm='direct' (or 'auto')")
+    if m not in TILES:
+        raise ValueError(f"Winograd tile must be one of {TILES} (F(m x m, 3 x 3)), got {m!r}")
+    if g.block != BLOCK:
+        raise ValueError(f"Winograd runs on {BLOCK}-channel blocks, got {g.block}")
+    vt = _band_tile_rows(g, m, blocking, threads)
+    text, tiles = _render(g, isa, m, vt)
+    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    for name, intrin in tiles:
+        loops = sch.get_loops(sch.get_sblock(name))
+        # A transform covers its block's last five loops (i, j, c, k, l), a GEMM tile its last
+        # three (rows, columns, K).
+        sch.tensorize(loops[-5 if name.startswith("wino_") and "gemm" not in name else -3], intrin)
+    sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
+    sch.vectorize(sch.get_loops(sch.get_sblock("store"))[-1])
+    lib = tvm.compile(sch.mod, target=isa.target)
+    oh, ow = g.out_hw
+    plan = {"algorithm": "winograd", "tile": m, "band_tile_rows": vt,
+            "tiles_per_band": vt * _ceil_div(ow, m), "bands": g.n * _ceil_div(oh, m) // vt,
+            "mr": DEFAULT_TILES[isa.name][0], "weight_bytes": 4 * int(np.prod((g.ob, m + 2, m + 2, _ceil_div(g.c, BLOCK) * BLOCK, BLOCK)))}
+    return WinogradConv2dOp(g, isa, lib, op_threads, plan)

@@ -1,0 +1,134 @@
+"""schedules.conv2d(algorithm="winograd"): numerics against float64 with a bound derived from the
+transform matrices, the blocked path, its plan, and the layers it refuses.
+
+Runs on this host's best ISA only (AVX-512 Winograd is compiled by the asm tests but not run
+on a host without AVX-512).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedules
+from microkernels import best_host_isa
+from microkernels import f32_wino as wino
+from schedules.conv2d import geometry
+
+from .. import conv_reference
+
+HOST = f"x86-{best_host_isa().name}"
+EPS = np.finfo(np.float32).eps
+
+
+def winograd_bound(x, w, m, padding):
+    """Elementwise error bound of float32 Winograd F(m, 3) against the exact conv.
+
+    Every output is A^T [sum_c (G g_c G^T) * (B^T d_c B)] A over its tile. Whatever the order
+    of the additions, each stage's rounding is within u = eps/2 of that stage's magnitudes, so
+    |error| <= n * u * |A^T| [sum_c (|G||g_c||G^T|) * (|B^T||d_c||B|)] |A|, where n counts the
+    roundings on the longest chain: 2*alpha in the input transform, 1 for G's float32 result
+    (computed in float64), 1 for the product, C for the sum over channels, 2*alpha in the output
+    transform. We allow eps (2u) per rounding, as the direct conv's bound does.
+    """
+    at, g, bt = (np.abs(wino.as_array(mat)) for mat in wino.matrices(m))
+    alpha = m + 2
+    t, l, b, r = conv_reference.pads(padding)
+    n, c, h, wd = x.shape
+    oh, ow = h + t + b - 2, wd + l + r - 2
+    th, tw = -(-oh // m), -(-ow // m)
+    xp = np.zeros((n, c, th * m + 2, tw * m + 2))
+    xp[:, :, t:t + h, l:l + wd] = np.abs(x[:, :, :th * m + 2 - t, :tw * m + 2 - l])
+    patches = np.lib.stride_tricks.sliding_window_view(xp, (alpha, alpha), axis=(2, 3))[:, :, ::m, ::m]
+    v = np.einsum("xi,nctsij,yj->nctsxy", bt, patches, bt)
+    u = np.einsum("xk,ockl,yl->ocxy", g, np.abs(w.astype(np.float64)), g)
+    mm = np.einsum("ocxy,nctsxy->notsxy", u, v)
+    y = np.einsum("ix,notsxy,jy->notisj", at, mm, at).reshape(n, w.shape[0], th * m, tw * m)[:, :, :oh, :ow]
+    rounds = 4 * alpha + c + 2
+    return rounds * EPS * y + np.finfo(np.float32).tiny
+
+
+def check(m, data_shape, weight_shape, padding, rng, threads=None):
+    x = rng.standard_normal(data_shape, dtype=np.float32)
+    w = rng.standard_normal(weight_shape, dtype=np.float32)
+    op = schedules.conv2d(data_shape, weight_shape, padding=padding, algorithm="winograd", tile=m,
+                          target=HOST, threads=threads)
+    got = op(x, w)
+    ref = conv_reference.conv2d(x.astype(np.float64), w.astype(np.float64), padding=padding)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    tol = winograd_bound(x, w, m, padding)
+    err = np.abs(got - ref)
+    bad = err > tol
+    assert not bad.any(), f"{bad.sum()} of {bad.size} off; worst {err.max():.3g} vs bound {tol.flat[np.argmax(err)]:.3g}"
+    return op, x, w, got
+
+
+@given(m=st.sampled_from(sorted(wino.POINTS)), n=st.integers(1, 2), c=st.integers(1, 40), o=st.integers(1, 40),
+       h=st.integers(1, 17), w=st.integers(1, 17), pad=st.tuples(*[st.integers(0, 2)] * 4),
+       seed=st.integers(0, 2**16))
+@settings(max_examples=25)
+def test_matches_reference_within_bound(m, n, c, o, h, w, pad, seed):
+    """Random sizes: partial tiles at the right and bottom, asymmetric padding, channel counts
+    that are not multiples of 16 (or below it), batches."""
+    t, l, b, r = pad
+    if h + t + b < 3 or w + l + r < 3:
+        return  # no output: geometry() refuses it (tested below)
+    check(m, (n, c, h, w), (o, c, 3, 3), pad, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("m", sorted(wino.POINTS))
+def test_resnet_like_layer_and_threads(m, rng):
+    op, *_ = check(m, (1, 64, 20, 20), (48, 64, 3, 3), 1, rng, threads=2)
+    assert op.plan["algorithm"] == "winograd" and op.plan["tile"] == m
+    assert op.plan["bands"] >= 2  # two threads have a band each
+
+
+def test_blocked_path_chains_with_direct(rng):
+    """Same NCHW16c layouts as the direct conv: its blocked output feeds a direct layer."""
+    x = rng.standard_normal((1, 32, 12, 12), dtype=np.float32)
+    w1 = rng.standard_normal((32, 32, 3, 3), dtype=np.float32)
+    w2 = rng.standard_normal((16, 32, 1, 1), dtype=np.float32)
+    wg = schedules.conv2d(x.shape, w1.shape, padding=1, algorithm="winograd", tile=4, target=HOST)
+    d = schedules.conv2d((1, 32, 12, 12), w2.shape, target=HOST)
+    assert wg.blocked_out_shape == d.blocked_data_shape
+    y = d.from_blocked(d.run_blocked(wg.run_blocked(wg.to_blocked(x), wg.pack_weights(w1)), d.pack_weights(w2)))
+    ref = conv_reference.conv2d(conv_reference.conv2d(x.astype(np.float64), w1.astype(np.float64), padding=1),
+                                w2.astype(np.float64))
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3 * np.abs(ref).max())
+
+
+def test_packed_weights_shape_and_bytes(rng):
+    op = schedules.conv2d((1, 20, 8, 8), (18, 20, 3, 3), padding=1, algorithm="winograd", tile=6, target=HOST)
+    assert op.blocked_weight_shape == (2, 8, 8, 32, 16)  # O and C padded to blocks; alpha = 8
+    u = op.pack_weights(rng.standard_normal((18, 20, 3, 3), dtype=np.float32))
+    assert u.shape == op.blocked_weight_shape and u.dtype == np.float32
+    assert op.plan["weight_bytes"] == u.nbytes
+    assert not u[:, :, :, 20:].any() and not u.reshape(2, 8, 8, 32 * 16)[1, :, :, :].reshape(8, 8, 32, 16)[..., 2:].any()
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(stride=2), "stride 1"),
+    (dict(dilation=2), "dilation 1"),
+    (dict(groups=2), "groups = 1"),
+])
+def test_unsupported_layers_refused(kw, why):
+    with pytest.raises(ValueError, match=f"winograd.*needs {why}"):
+        schedules.conv2d((1, 8, 16, 16), (8, 8 // kw.get("groups", 1), 3, 3), padding=2, algorithm="winograd",
+                         target=HOST, **kw)
+
+
+def test_bad_kernel_tile_and_algorithm_refused():
+    with pytest.raises(ValueError, match="needs a 3x3 kernel, got 5x5"):
+        schedules.conv2d((1, 8, 16, 16), (8, 8, 5, 5), algorithm="winograd", target=HOST)
+    with pytest.raises(ValueError, match=r"tile must be one of \(2, 4, 6\)"):
+        schedules.conv2d((1, 8, 16, 16), (8, 8, 3, 3), algorithm="winograd", tile=3, target=HOST)
+    with pytest.raises(ValueError, match="tile=4 applies to algorithm='winograd' only"):
+        schedules.conv2d((1, 8, 16, 16), (8, 8, 3, 3), tile=4, target=HOST)
+    with pytest.raises(ValueError, match="'fft' is not available"):
+        schedules.conv2d((1, 8, 16, 16), (8, 8, 3, 3), algorithm="fft", target=HOST)
+
+
+def test_geometry_refusal_precedes_winograd():
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        schedules.conv2d((1, 8, 2, 2), (8, 8, 3, 3), algorithm="winograd", target=HOST)
+    assert geometry((1, 8, 2, 2), (8, 8, 3, 3), padding=1).out_hw == (2, 2)

@@ -58,6 +58,8 @@ def main(argv=None) -> int:
     c.add_argument("--layers", nargs="+", type=int, default=None, help="only these rows of the CSV (0-based)")
     c.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
     c.add_argument("--cache", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
+    c.add_argument("--algorithms", nargs="+", choices=["direct", "wino2", "wino4", "wino6"], default=["direct"],
+                   help="timed side by side per layer; Winograd F(m) only where it applies (3x3, stride 1)")
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     a = bsub.add_parser("arm", help="static MAC/cycle of the ARM int8 kernels and conv (llvm-mca)")
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
         set_threads(1)
         peak1 = gemm.measure_peak(isa)
         log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
-        result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log)
+        result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms)
     else:
         result = gemm.run(isa, args.sizes, threads, args.repeat, args.sweep, log)
     if args.json:

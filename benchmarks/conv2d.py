@@ -22,7 +22,11 @@ import numpy as np
 
 import schedules
 from microkernels import Isa
+from schedules.conv2d import geometry
 from schedules.targets import require_host, set_threads
+from schedules.winograd import refusal
+
+ALGORITHMS = ("direct", "wino2", "wino4", "wino6")
 
 # Workload tables ship inside the package (benchmarks/workloads/<name>_conv2d.csv), so a clone
 # or an installed copy finds them with nothing beside it.
@@ -46,9 +50,16 @@ class Layer:
     def label(self) -> str:
         return f"{self.c}x{self.h}x{self.w}->{self.o} k{self.k} s{self.stride} p{self.pad}"
 
-    def conv(self, isa: Isa, threads: int):
-        return schedules.conv2d((1, self.c, self.h, self.w), (self.o, self.c, self.k, self.k), stride=self.stride,
-                                padding=self.pad, target=f"x86-{isa.name}", threads=threads)
+    def conv(self, isa: Isa, threads: int, algorithm: str = "direct"):
+        """Our op for `algorithm`: "direct" or "wino2"/"wino4"/"wino6" (Winograd F(m x m, 3 x 3));
+        None where Winograd cannot compute the layer."""
+        shapes = (1, self.c, self.h, self.w), (self.o, self.c, self.k, self.k)
+        kw = dict(stride=self.stride, padding=self.pad, target=f"x86-{isa.name}", threads=threads)
+        if algorithm == "direct":
+            return schedules.conv2d(*shapes, **kw)
+        if refusal(geometry(*shapes, stride=self.stride, padding=self.pad)):
+            return None
+        return schedules.conv2d(*shapes, algorithm="winograd", tile=int(algorithm.removeprefix("wino")), **kw)
 
 
 def workload_names() -> list[str]:
@@ -113,49 +124,66 @@ def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, co
     return statistics.median(times)
 
 
-def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log) -> dict:
+def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log,
+        algorithms=("direct",)) -> dict:
+    """Every layer under each of `algorithms`, side by side with PyTorch in one run. Winograd
+    figures are effective: the direct convolution's FLOPs over the time taken."""
     require_host(isa)
+    # Direct runs every layer: it is the baseline of each row and stands in where Winograd can't.
+    algorithms = ("direct", *(a for a in algorithms if a != "direct"))
     tv = torch_version()
     log(f"PyTorch: {tv or 'not installed (pip install -e .[bench]); our figures only'}")
-    out = {"isa": isa.name, "peak_gflops_1thread": peak1, "torch": tv, "runs": []}
+    out = {"isa": isa.name, "peak_gflops_1thread": peak1, "torch": tv, "algorithms": list(algorithms), "runs": []}
     rng = np.random.default_rng(0)
     for threads in thread_counts:
-        ops = [layer.conv(isa, threads) for layer in layers]
+        ops = [{a: layer.conv(isa, threads, a) for a in algorithms} for layer in layers]
         for mode in modes:
             cold = mode == "cold"
             peak = peak1 * threads
             log(f"conv2d, {threads} thread(s), {mode} cache (peak {peak:.0f} GFLOP/s):")
-            log(f"  {'#':>2s} {'layer':34s} {'n':>2s} {'ours ms':>8s} {'GF/s':>6s} {'%peak':>5s}"
-                f" {'torch ms':>8s} {'ours/torch':>10s}  plan")
-            tot_ours = tot_torch = 0.0
+            log(f"  {'#':>2s} {'layer':34s} {'n':>2s} {'algo':>6s} {'ours ms':>8s} {'GF/s':>6s} {'%peak':>5s}"
+                f" {'torch ms':>8s} {'ours/torch':>10s} {'/direct':>8s}  plan")
+            tot_ours = {a: 0.0 for a in algorithms}
+            tot_torch = 0.0
             rows = []
-            for layer, op in zip(layers, ops):
+            for layer, by_algo in zip(layers, ops):
                 x = rng.standard_normal((1, layer.c, layer.h, layer.w), dtype=np.float32)
                 w = rng.standard_normal((layer.o, layer.c, layer.k, layer.k), dtype=np.float32)
-                number = calls_per_repeat(op.flops, peak, cold)
+                number = calls_per_repeat(by_algo["direct"].flops, peak, cold)
                 ref = torch_seconds(layer, x, w, threads, number, repeat, cold) if tv else None
-                xb, wb = op.to_blocked(x), op.pack_weights(w)
-                set_threads(threads)
-                ours = statistics.median(op.time(xb, wb, number=number, repeat=repeat, cold=cold))
-                gf = op.flops / ours / 1e9
-                tot_ours += ours * layer.count
-                plan = f"{'bands' if op.plan['band_parallel'] else 'blocks'} of {op.plan['band_rows']} rows"
                 if ref is not None:
                     tot_torch += ref * layer.count
-                    tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}"
-                else:
-                    tail = f" {'-':>8s} {'-':>10s}"
-                log(f"  {layer.row:2d} {layer.label:34s} {layer.count:2d} {ours * 1e3:8.3f} {gf:6.1f} {100 * gf / peak:5.1f}"
-                    f"{tail}  {plan}")
-                rows.append({"layer": layer.row, "shape": layer.label, "count": layer.count, "ours_ms": ours * 1e3,
-                             "gflops": gf, "pct_peak": 100 * gf / peak,
-                             "torch_ms": ref * 1e3 if ref is not None else None,
-                             "ratio_vs_torch": ours / ref if ref is not None else None, "plan": op.plan})
-            flops = sum(op.flops * layer.count for layer, op in zip(layers, ops))
-            summary = f"  weighted total: ours {tot_ours * 1e3:.2f} ms ({flops / tot_ours / 1e9:.1f} GF/s)"
-            if tv:
-                summary += f", torch {tot_torch * 1e3:.2f} ms, ours/torch {tot_ours / tot_torch:.2f}"
-            log(summary)
-            out["runs"].append({"threads": threads, "cache": mode, "layers": rows, "total_ours_ms": tot_ours * 1e3,
+                for algo, op in by_algo.items():
+                    if op is None:  # Winograd cannot run this layer
+                        continue
+                    xb, wb = op.to_blocked(x), op.pack_weights(w)
+                    set_threads(threads)
+                    ours = statistics.median(op.time(xb, wb, number=number, repeat=repeat, cold=cold))
+                    base = ours if algo == "direct" else base
+                    gf = op.flops / ours / 1e9
+                    tot_ours[algo] += ours * layer.count
+                    p = op.plan
+                    plan = (f"F({p['tile']}) {p['bands']} bands of {p['tiles_per_band']} tiles, U {p['weight_bytes'] >> 10} KiB"
+                            if p["algorithm"] == "winograd" else
+                            f"{'bands' if p['band_parallel'] else 'blocks'} of {p['band_rows']} rows")
+                    tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}" if ref is not None else f" {'-':>8s} {'-':>10s}"
+                    rel = f"{ours / base:8.2f}"
+                    log(f"  {layer.row:2d} {layer.label:34s} {layer.count:2d} {algo:>6s} {ours * 1e3:8.3f} {gf:6.1f}"
+                        f" {100 * gf / peak:5.1f}{tail} {rel}  {plan}")
+                    rows.append({"layer": layer.row, "shape": layer.label, "count": layer.count, "algorithm": algo,
+                                 "ours_ms": ours * 1e3, "gflops": gf, "pct_peak": 100 * gf / peak,
+                                 "torch_ms": ref * 1e3 if ref is not None else None,
+                                 "ratio_vs_torch": ours / ref if ref is not None else None,
+                                 "ratio_vs_direct": ours / base, "plan": p})
+                for algo, op in by_algo.items():  # a layer Winograd skips costs direct's time
+                    if op is None:
+                        tot_ours[algo] += base * layer.count
+            for algo in algorithms:
+                summary = f"  weighted total {algo}: ours {tot_ours[algo] * 1e3:.2f} ms"
+                if tv:
+                    summary += f", torch {tot_torch * 1e3:.2f} ms, ours/torch {tot_ours[algo] / tot_torch:.2f}"
+                log(summary)
+            out["runs"].append({"threads": threads, "cache": mode, "layers": rows,
+                                "total_ours_ms": {a: t * 1e3 for a, t in tot_ours.items()},
                                 "total_torch_ms": tot_torch * 1e3 if tv else None})
     return out

@@ -57,8 +57,10 @@ def test_bench_gemm(clone):
 
 def test_bench_conv2d_reads_its_packaged_table(clone):
     out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--layers", SMALL_LAYER, "--threads", "1",
-              "--cache", "warm", "--repeat", "1")
-    assert "512x7x7->512 k3 s1 p1" in out and "weighted total" in out, out
+              "--cache", "warm", "--repeat", "1", "--algorithms", "wino4")
+    rows = [line.split() for line in out.splitlines() if "512x7x7->512 k3 s1 p1" in line]
+    assert [r[6] for r in rows] == ["direct", "wino4"], out  # direct always runs, as the baseline
+    assert "weighted total wino4" in out, out
 
 
 def test_bench_arm_reads_its_packaged_table(clone):

@@ -257,7 +257,7 @@ GOOD = dict(data_shape=(1, 4, 8, 8), weight_shape=(8, 4, 3, 3))
     (dict(data_shape=(4, 8, 8)), ValueError, "data_shape must be a tuple of 4 ints"),
     (dict(dtype="int8"), ValueError, "dtype 'int8' is not supported"),
     (dict(dtype="float16"), ValueError, "dtype 'float16' is not supported"),
-    (dict(algorithm="winograd"), ValueError, "algorithm 'winograd' is not available"),
+    (dict(algorithm="winograd", stride=2), ValueError, "algorithm='winograd' needs stride 1"),
     (dict(target="x86-sse"), ValueError, "unknown target 'x86-sse'"),
     (dict(target="llvm -mcpu=skylake-avx512"), ValueError, "no longer parses target strings"),
     (dict(threads=0), ValueError, "threads must be >= 1"),

@@ -77,9 +77,13 @@ class Loop:
         return sum(1 for ins in self.body if ins.split()[0].startswith(mnemonic_prefix))
 
     def stack_accesses(self) -> list:
-        if self.arch != "x86":
-            return [i for i in self.body if _ARM_STACK.search(i)]
-        return [i for i in self.body if _RSP.search(i) or (self.frame_pointer and _RBP.search(i))]
+        return _stack_accesses(self.body, self.arch, self.frame_pointer)
+
+
+def _stack_accesses(body: list, arch: str, frame_pointer: bool) -> list:
+    if arch != "x86":
+        return [i for i in body if _ARM_STACK.search(i)]
+    return [i for i in body if _RSP.search(i) or (frame_pointer and _RBP.search(i))]
 
 
 def single_block_loops(fn_asm: str, arch: str = "x86", side_exits: bool = False) -> list:
@@ -108,6 +112,38 @@ def single_block_loops(fn_asm: str, arch: str = "x86", side_exits: bool = False)
             elif not (side_exits and ln.split()[0] not in ("b", "jmp")):
                 current = None  # a jump ends the block (a fallthrough block has no label here)
     return loops
+
+
+# Packed-single arithmetic in AT&T mnemonics. An xor counts only as a sign flip (LLVM's fneg,
+# with a -0.0 mask): with its two sources the same register it is the zeroing idiom.
+_PS_ARITH = re.compile(r"^v(?:add|sub|mul)ps$|^vf(?:n?m(?:add|sub))(?:132|213|231)ps$")
+_XOR = re.compile(r"^v(?:xorps|pxor[dq]?)$")
+_X86_VREG = re.compile(r"%([xyz]mm)\d+")
+
+
+def vector_arithmetic(fn_asm: str) -> dict[str, list[str]]:
+    """x86 packed-single arithmetic instructions (add, sub, mul, every FMA form, sign-flip xor)
+    of a function, keyed by the class of their destination register: "xmm", "ymm" or "zmm"
+    ("other" if it is none of them)."""
+    out: dict[str, list[str]] = {}
+    for ins in normalize(fn_asm).splitlines():
+        op, _, operands = ins.strip().partition(" ")
+        args = [a.strip() for a in operands.split(",")]
+        if _XOR.match(op):
+            if len(set(args)) == 1:
+                continue
+        elif not _PS_ARITH.match(op):
+            continue
+        dest = _X86_VREG.search(args[-1])
+        out.setdefault(dest.group(1) if dest else "other", []).append(ins.strip())
+    return out
+
+
+def stack_accesses(fn_asm: str, arch: str = "x86") -> list[str]:
+    """Instructions of a whole function with a stack operand (spills and reloads; on ARM also
+    push and pop): what Loop.stack_accesses finds in one loop, for straight-line kernels."""
+    body = [ln.strip() for ln in normalize(fn_asm, arch).splitlines() if not _LABEL.match(ln)]
+    return _stack_accesses(body, arch, frame_pointer=["movq", "%rsp,", "%rbp"] in (i.split() for i in body))
 
 
 def fma_loops(fn_asm: str) -> list:

@@ -1,10 +1,13 @@
 """TensorIntrins for the Winograd transform kernels: Y = M X M^T over a 16-channel block.
 
 Description, for a transform matrix M (p x q) and one tile of 16-channel elements:
-    dst[i, j, c] = sum over (k, l) of M[i, k] * src[k, l, c] * M[j, l]      (init 0)
+    dst[i, j, c] = sum over (k, l) of M[i, k] * src[k, l, c] * M[j, l]
 src is q x q x 16 and dst p x p x 16, both with free row and column strides (the channels are
-contiguous). The constants enter the TIR as a select over (i, k); `coef` renders it, and the
-Winograd schedule builds its transform blocks from the same function, so the two match.
+contiguous). The sum over (k, l) is written out term by term in a spatial block, with M[i, k]
+a select over i for each constant k (`value` renders it; the Winograd schedule builds its
+transform blocks from the same function, so the two match). Written as a reduction it would
+carry an init, which tensorize keeps as a zero fill of dst before every call: dead stores the
+size of the tile, since the kernel overwrites all of dst.
 
 Where the schedule keeps a tile's 16 channels between two larger dimensions (the tile index t
 in V[xi, nu, t, c] and M[xi, nu, t, c], which the GEMM needs outside the channels; the input
@@ -39,19 +42,21 @@ def _region(unit: bool, n: int) -> str:
     return f"0:{n}, 0:{n}, 0:1, 0:{BLOCK}" if unit else f"0:{n}, 0:{n}, 0:{BLOCK}"
 
 
-def coef(mat, a: str, b: str) -> str:
-    """TVMScript of M[a, b] for loop variables named a and b: a select over the non-zeros."""
+def _column(mat, k: int, var: str) -> str:
+    """TVMScript of M[var, k] for a loop variable `var`: a select over column k's non-zeros."""
     expr = "T.float32(0)"
     for i, row in enumerate(mat):
-        for k, v in enumerate(row):
-            if v != 0:
-                expr = f"T.Select({a} == {i} and {b} == {k}, T.float32({float(v)!r}), {expr})"
+        if row[k] != 0:
+            expr = f"T.Select({var} == {i}, T.float32({float(row[k])!r}), {expr})"
     return expr
 
 
-def update(mat, dst: str, src: str) -> str:
-    """The reduction's body, shared by the description and the schedule's blocks."""
-    return f"{dst} = {dst} + {coef(mat, 'vi', 'vk')} * {src} * {coef(mat, 'vj', 'vl')}"
+def value(mat, src) -> str:
+    """sum over (k, l) of M[vi, k] * src(k, l) * M[vj, l], one term per pair of non-zero
+    columns; `src(k, l)` renders the source element. Shared by the description and the schedule."""
+    q = len(mat[0])
+    live = [k for k in range(q) if any(row[k] != 0 for row in mat)]
+    return " + ".join(f"{_column(mat, k, 'vi')} * {src(k, l)} * {_column(mat, l, 'vj')}" for k in live for l in live)
 
 
 def _text(kern: WinoKernel) -> str:
@@ -64,7 +69,8 @@ def _text(kern: WinoKernel) -> str:
         strides = f"{strides}, T.int32(), 1" if unit else f"{strides}, 1"
         return f"    {name} = T.match_buffer({name.lower()}, {shape}, 'float32', offset_factor=1, strides=[{strides}])"
 
-    s_at, d_at = f"S[{_index(su, 'vk', 'vl', 'vc')}]", f"D[{_index(du, 'vi', 'vj', 'vc')}]"
+    d_at = f"D[{_index(du, 'vi', 'vj', 'vc')}]"
+    s_at = lambda k, l: f"S[{_index(su, k, l, 'vc')}]"  # noqa: E731
     reads, writes = f"S[{_region(su, q)}]", f"D[{_region(du, p)}]"
     desc = [
         "@T.prim_func(s_tir=True)",
@@ -74,14 +80,10 @@ def _text(kern: WinoKernel) -> str:
         "    with T.sblock('root'):",
         f"        T.reads({reads})",
         f"        T.writes({writes})",
-        f"        for i, j, c, k, l in T.grid({p}, {p}, {BLOCK}, {q}, {q}):",
+        f"        for i, j, c in T.grid({p}, {p}, {BLOCK}):",
         "            with T.sblock('update'):",
-        "                vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
-        f"                T.reads({d_at}, {s_at})",
-        f"                T.writes({d_at})",
-        "                with T.init():",
-        f"                    {d_at} = T.float32(0)",
-        f"                {update(mat, d_at, s_at)}",
+        "                vi, vj, vc = T.axis.remap('SSS', [i, j, c])",
+        f"                {d_at} = {value(mat, s_at)}",
     ]
     impl = [
         "@T.prim_func(s_tir=True)",
@@ -123,17 +125,15 @@ def tile_module(kern: WinoKernel, src_shape: tuple, src_at: tuple, dst_shape: tu
     su, du = UNIT_AXIS[kern.kind]
     ref = lambda name, at, unit, i, j: (  # noqa: E731
         f"{name}[{at[0]} + {i}, {at[1]} + {j}, {at[2]}, vc]" if unit else f"{name}[{at[0]} + {i}, {at[1]} + {j}, vc]")
-    d_ref, s_ref = ref("D", dst_at, du, "vi", "vj"), ref("S", src_at, su, "vk", "vl")
+    d_ref = ref("D", dst_at, du, "vi", "vj")
     text = "\n".join([
         "@T.prim_func(s_tir=True)",
         f"def main(S: T.Buffer({src_shape}, 'float32'), D: T.Buffer({dst_shape}, 'float32')):",
         "    T.func_attr({'tirx.noalias': True})",
-        f"    for i, j, c, k, l in T.grid({p}, {p}, {BLOCK}, {q}, {q}):",
+        f"    for i, j, c in T.grid({p}, {p}, {BLOCK}):",
         "        with T.sblock('wino'):",
-        "            vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
-        "            with T.init():",
-        f"                {d_ref} = T.float32(0)",
-        f"            {update(kern.program_matrix, d_ref, s_ref)}",
+        "            vi, vj, vc = T.axis.remap('SSS', [i, j, c])",
+        f"            {d_ref} = {value(kern.program_matrix, lambda k, l: ref('S', src_at, su, k, l))}",
     ]) + "\n"
     sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
     sch.tensorize(sch.get_loops(sch.get_sblock("wino"))[0], register(kern))

@@ -353,24 +353,23 @@ def _generate(kern: WinoKernel) -> str:
         out.append(f"  %{v}64 = sext i32 %{v} to i64")
     counter = iter(range(10 ** 9))
 
-    def ptr(buf: str, i: int, j: int, chunk: int) -> str:
-        n = next(counter)
-        out.append(f"  %ro{n} = mul i64 {i}, %{buf}_row64")
-        out.append(f"  %co{n} = mul i64 {j}, %{buf}_col64")
-        out.append(f"  %o{n} = add i64 %ro{n}, %co{n}")
-        out.append(f"  %oo{n} = add i64 %o{n}, {chunk * lanes}")
-        out.append(f"  %p{n} = getelementptr inbounds float, ptr %{buf}, i64 %oo{n}")
-        return f"%p{n}"
-
     def splat(c: Fraction) -> str:
         return "<" + ", ".join([f"float {_float_hex(c)}"] * lanes) + ">"
+
+    def ptr(buf: str, line: str, line_stride: str, idx: int, idx_stride: str, chunk: int) -> str:
+        n = next(counter)
+        out.extend([f"  %lo{n} = mul i64 {line}, %{buf}_{line_stride}64",
+                f"  %io{n} = mul i64 {idx}, %{buf}_{idx_stride}64",
+                f"  %o{n} = add i64 %lo{n}, %io{n}",
+                f"  %oo{n} = add i64 %o{n}, {chunk * lanes}",
+                f"  %p{n} = getelementptr inbounds float, ptr %{buf}, i64 %oo{n}"])
+        return f"%p{n}"
 
     def transform(values: list[str]) -> list[str]:
         """The 1-D program on SSA values; returns the output values."""
         env = {f"x{j}": v for j, v in enumerate(values)}
         for op in prog.ops:
-            n = next(counter)
-            name = f"%v{n}"
+            name = f"%v{next(counter)}"
             a = env[op.a]
             if op.code == "add":
                 out.append(f"  {name} = fadd {vt} {a}, {env[op.b]}")
@@ -383,25 +382,39 @@ def _generate(kern: WinoKernel) -> str:
             env[op.dst] = name
         return [env[o] for o in prog.outputs]
 
-    def load(buf, i, j, chunk) -> str:
-        pp = ptr(buf, i, j, chunk)
-        n = next(counter)
-        out.append(f"  %l{n} = load {vt}, ptr {pp}, align 4")
-        return f"%l{n}"
+    prev = "entry"
 
-    def store(value, buf, i, j, chunk):
-        out.append(f"  store {vt} {value}, ptr {ptr(buf, i, j, chunk)}, align 4")
+    def pass_loop(count: int, src: str, src_line: str, src_idx: str, dst: str, dst_line: str, dst_idx: str,
+                  chunk: int) -> None:
+        """for line < count: the 1-D transform of src's line into dst's line. A loop, not
+        unrolled: straight-line passes let LLVM forward pass 1's stores into pass 2 and keep a
+        whole tile live in registers, which spills."""
+        nonlocal prev
+        n = next(counter)
+        out.append(f"  br label %loop{n}")
+        out.extend([f"loop{n}:", f"  %line{n} = phi i64 [0, %{prev}], [%next{n}, %loop{n}]"])
+        xs = []
+        for i in range(q):
+            pp = ptr(src, f"%line{n}", src_line, i, src_idx, chunk)
+            xs.append(f"%x{n}_{i}")
+            out.append(f"  %x{n}_{i} = load {vt}, ptr {pp}, align 4")
+        for i, y in enumerate(transform(xs)):
+            out.append(f"  store {vt} {y}, ptr {ptr(dst, f'%line{n}', dst_line, i, dst_idx, chunk)}, align 4")
+        out.extend([f"  %next{n} = add nuw nsw i64 %line{n}, 1",
+                f"  %more{n} = icmp ult i64 %next{n}, {count}",
+                f"  br i1 %more{n}, label %loop{n}, label %done{n}, !llvm.loop !0",
+                f"done{n}:"])
+        prev = f"done{n}"
 
     for chunk in range(BLOCK // lanes):
-        for j in range(q):  # pass 1: down column j of src
-            ys = transform([load("src", i, j, chunk) for i in range(q)])
-            for i, y in enumerate(ys):
-                store(y, scratch, i, j, chunk)
-        for i in range(p):  # pass 2: along row i of pass 1's result, the transpose for free
-            ys = transform([load(scratch, i, j, chunk) for j in range(q)])
-            for j, y in enumerate(ys):
-                store(y, "dst", i, j, chunk)
-    out += ["  ret void", "}", f"declare {vt} {fma}({vt}, {vt}, {vt})", ""]
+        # pass 1: down each column j of src into column j of the scratch
+        pass_loop(q, "src", "col", "row", scratch, "col", "row", chunk)
+        # pass 2: along each row i of the scratch into row i of dst: the transpose is free
+        pass_loop(p, scratch, "row", "col", "dst", "row", "col", chunk)
+    out += ["  ret void", "}", f"declare {vt} {fma}({vt}, {vt}, {vt})",
+            "!0 = distinct !{!0, !1, !2}",
+            '!1 = !{!"llvm.loop.unroll.disable"}',
+            '!2 = !{!"llvm.loop.vectorize.enable", i1 false}', ""]
     return "\n".join(out)
 
 

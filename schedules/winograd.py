@@ -23,7 +23,7 @@ from tvm.script import tirx as T
 
 from intrinsics.f32_gemm import register as register_gemm
 from intrinsics.f32_wino import register as register_wino
-from intrinsics.f32_wino import update
+from intrinsics.f32_wino import value
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino
 
@@ -97,14 +97,11 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str
         f"                        0 <= vb * {vt * m} + vr - {top} and vb * {vt * m} + vr - {top} < {g.h}"
         f" and 0 <= vx - {left} and vx - {left} < {g.w}{lane_ok},",
         f"                        D[vn, vq, vb * {vt * m} + vr - {top}, vx - {left}, vi], T.float32(0))",
-        f"            for q, ty, tx, i, j, c, k, l in T.grid({cb}, {vt}, {tw}, {alpha}, {alpha}, {BLOCK}, {alpha}, {alpha}):",
+        f"            for q, ty, tx, i, j, c in T.grid({cb}, {vt}, {tw}, {alpha}, {alpha}, {BLOCK}):",
         "                with T.sblock('wino_in'):",
-        "                    vq, vty, vtx = T.axis.remap('SSS', [q, ty, tx])",
-        "                    vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
-        "                    with T.init():",
-        f"                        V[vi, vj, vty * {tw} + vtx, vq * {BLOCK} + vc] = T.float32(0)",
-        "                    " + update(bt, f"V[vi, vj, vty * {tw} + vtx, vq * {BLOCK} + vc]",
-                                       f"P[vq, vty * {m} + vk, vtx * {m} + vl, vc]"),
+        "                    vq, vty, vtx, vi, vj, vc = T.axis.remap('SSSSSS', [q, ty, tx, i, j, c])",
+        f"                    V[vi, vj, vty * {tw} + vtx, vq * {BLOCK} + vc] = "
+        + value(bt, lambda k, l: f"P[vq, vty * {m} + {k}, vtx * {m} + {l}, vc]"),
         f"            for o in T.serial({ob}):",
     ]
     tensorized = [("wino_in", register_wino(wino.WinoKernel(isa, "in", m)))]
@@ -132,14 +129,11 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str
         if t >= 2:
             tensorized.append((name, register_gemm(GemmKernel(isa, t, BLOCK, accumulate=False), cp)))
     L += [
-        f"                for ty, tx, i, j, c, k, l in T.grid({vt}, {tw}, {m}, {m}, {BLOCK}, {alpha}, {alpha}):",
+        f"                for ty, tx, i, j, c in T.grid({vt}, {tw}, {m}, {m}, {BLOCK}):",
         "                    with T.sblock('wino_out'):",
-        "                        vo, vty, vtx = T.axis.remap('SSS', [o, ty, tx])",
-        "                        vi, vj, vc, vk, vl = T.axis.remap('SSSRR', [i, j, c, k, l])",
-        "                        with T.init():",
-        f"                            Y[vty * {m} + vi, vtx * {m} + vj, vc] = T.float32(0)",
-        "                        " + update(at, f"Y[vty * {m} + vi, vtx * {m} + vj, vc]",
-                                           f"M[vk, vl, vty * {tw} + vtx, vc]"),
+        "                        vo, vty, vtx, vi, vj, vc = T.axis.remap('SSSSSS', [o, ty, tx, i, j, c])",
+        f"                        Y[vty * {m} + vi, vtx * {m} + vj, vc] = "
+        + value(at, lambda k, l: f"M[{k}, {l}, vty * {tw} + vtx, vc]"),
         f"                for y, x, c in T.grid({vt * m}, {ow}, {BLOCK}):",
         "                    with T.sblock('store'):",
         "                        vo, vy, vx, vc = T.axis.remap('SSSS', [o, y, x, c])",
@@ -188,9 +182,9 @@ def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvB
     sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
     for name, intrin in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
-        # A transform covers its block's last five loops (i, j, c, k, l), a GEMM tile its last
-        # three (rows, columns, K).
-        sch.tensorize(loops[-5 if name.startswith("wino_") and "gemm" not in name else -3], intrin)
+        # A transform covers its block's last three loops (i, j, c), a GEMM tile its last three
+        # (rows, columns, K).
+        sch.tensorize(loops[-3], intrin)
     sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     sch.vectorize(sch.get_loops(sch.get_sblock("store"))[-1])
     lib = tvm.compile(sch.mod, target=isa.target)

@@ -7,8 +7,9 @@ Per band of VT rows of output tiles (T = VT * tiles per row), all in buffers siz
       gemm   M[xi, nu, t, :16] = V[xi, nu, t, :] @ U[o, xi, nu, :, :16]       (GEMM tile, beta=0)
       out    Y[tile rows]      = A^T M_t A                                    (transform kernel)
       store  the valid part of Y into the output (the right and bottom tiles may be partial)
-The band is sized so that V stays in L2 while every output block sweeps it; M and Y are one
-output block's worth, in L1. Threads split the bands. The weights are transformed once, ahead
+The band is sized so that V stays in L2 while every output block sweeps it, unless one band
+of the whole image moves fewer bytes (`_plan`); M and Y are one output block's worth, in L1.
+Threads split the bands, or the output blocks when there are fewer bands than threads. The weights are transformed once, ahead
 of time (`pack_weights`), into U[o, xi, nu, c, 16], the B panels the GEMM reads: alpha^2 / 9 times
 the bytes of the 3x3 weights.
 """
@@ -47,20 +48,36 @@ def refusal(g: Geometry) -> str | None:
     return None
 
 
-def _band_tile_rows(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> int:
-    """Tile rows per band: the most whose transformed input V fits in half of L2, among the
-    divisors of the tile rows, keeping at least one band per thread where there are enough."""
+def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[int, bool, bool]:
+    """(tile rows per band VT, whether threads split the bands, whether they split the output
+    blocks).
+
+    Every band reads all of U, so each band costs U's bytes; one band holding the whole image
+    reads U once, but its V no longer stays in L2 and every output block re-reads it. Bands:
+    VT is the most tile rows whose V fits in half of L2 (a divisor of the tile rows). The whole
+    image is one band instead when that moves fewer bytes, U + (output blocks x V if V exceeds
+    half of L2) against bands x U: small maps with many channels, where U dwarfs the image.
+    Threads split the bands when there are enough of them, the output blocks otherwise.
+    """
     oh, ow = g.out_hw
     th, tw = _ceil_div(oh, m), _ceil_div(ow, m)
     alpha, cp = m + 2, _ceil_div(g.c, BLOCK) * BLOCK
     v_bytes = lambda vt: alpha * alpha * vt * tw * cp * 4  # noqa: E731
+    u_bytes = alpha * alpha * cp * g.ob * BLOCK * 4
     divisors = [d for d in range(1, th + 1) if th % d == 0]
-    fit = [d for d in divisors if v_bytes(d) <= blocking.image_budget] or [1]
-    spread = [d for d in fit if g.n * (th // d) >= threads]
-    return max(spread or fit)
+    vt = max([d for d in divisors if v_bytes(d) <= blocking.image_budget] or [1])
+    image = u_bytes + (g.ob * v_bytes(th) if v_bytes(th) > blocking.image_budget else 0)
+    if image < (th // vt) * u_bytes:
+        vt = th
+    bands = g.n * (th // vt)
+    if threads == 1:
+        return vt, False, False
+    if bands >= threads:
+        return vt, True, False
+    return vt, False, True
 
 
-def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str, str]]]:
+def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parallel: bool) -> tuple[str, list[tuple[str, str]]]:
     """TVMScript of the whole layer, and the (block name, intrinsic) pairs to tensorize."""
     oh, ow = g.out_hw
     alpha = m + 2
@@ -80,7 +97,7 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str
         f"def main(D: T.Buffer({g.data_shape}, 'float32'), U: T.Buffer({u_shape}, 'float32'),"
         f" Out: T.Buffer({g.out_shape}, 'float32')):",
         "    T.func_attr({'tirx.noalias': True})",
-        f"    for nb in T.parallel({g.n * nbands}):",
+        f"    for nb in T.{'parallel' if band_parallel else 'serial'}({g.n * nbands}):",
         "        with T.sblock('band'):",
         f"            vn = T.axis.spatial({g.n}, nb // {nbands})",
         f"            vb = T.axis.spatial({nbands}, nb % {nbands})",
@@ -88,8 +105,6 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str
         f"            T.writes(Out[vn, {full(g.out_shape[1:])}])",
         f"            P = T.alloc_buffer(({cb}, {ph}, {pw}, {BLOCK}), 'float32')",
         f"            V = T.alloc_buffer(({alpha}, {alpha}, {nt}, {cp}), 'float32')",
-        f"            M = T.alloc_buffer(({alpha}, {alpha}, {nt}, {BLOCK}), 'float32')",
-        f"            Y = T.alloc_buffer(({vt * m}, {tw * m}, {BLOCK}), 'float32')",
         f"            for q, r, x, i in T.grid({cb}, {ph}, {pw}, {BLOCK}):",
         "                with T.sblock('pack'):",
         "                    vq, vr, vx, vi = T.axis.remap('SSSS', [q, r, x, i])",
@@ -102,8 +117,17 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str
         "                    vq, vty, vtx, vi, vj, vc = T.axis.remap('SSSSSS', [q, ty, tx, i, j, c])",
         f"                    V[vi, vj, vty * {tw} + vtx, vq * {BLOCK} + vc] = "
         + value(bt, lambda k, l: f"P[vq, vty * {m} + {k}, vtx * {m} + {l}, vc]"),
-        f"            for o in T.serial({ob}):",
+        f"            for o in T.{'parallel' if o_parallel else 'serial'}({ob}):",
+        # One output block's GEMM result and transformed tiles: per thread when threads split
+        # the blocks.
+        "                with T.sblock('oblock'):",
+        "                    vo = T.axis.spatial(%d, o)" % ob,
+        f"                    T.reads(V[{full((alpha, alpha, nt, cp))}], U[vo, {full(u_shape[1:])}])",
+        f"                    T.writes(Out[vn, vo, {full(g.out_shape[2:])}])",
+        f"                    M = T.alloc_buffer(({alpha}, {alpha}, {nt}, {BLOCK}), 'float32')",
+        f"                    Y = T.alloc_buffer(({vt * m}, {tw * m}, {BLOCK}), 'float32')",
     ]
+    inner = len(L)  # what follows sits inside 'oblock': indented once more below
     tensorized = [("wino_in", register_wino(wino.WinoKernel(isa, "in", m)))]
     for si, (start, count, t) in enumerate(_segments(nt, mr)):
         name = f"wino_gemm_{si}"
@@ -112,7 +136,7 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str
             f"                for e1, e2, {', '.join(loops)}, jj, kk in T.grid({alpha}, {alpha}, "
             f"{', '.join(map(str, exts))}, {BLOCK}, {cp}):",
             f"                    with T.sblock('{name}'):",
-            "                        vo, ve1, ve2 = T.axis.remap('SSS', [o, e1, e2])",
+            "                        ve1, ve2 = T.axis.remap('SS', [e1, e2])",
             f"                        vt0 = T.axis.spatial({nt}, {start} + tt * {t})",
         ]
         if t >= 2:
@@ -131,16 +155,17 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int) -> tuple[str, list[tuple[str
     L += [
         f"                for ty, tx, i, j, c in T.grid({vt}, {tw}, {m}, {m}, {BLOCK}):",
         "                    with T.sblock('wino_out'):",
-        "                        vo, vty, vtx, vi, vj, vc = T.axis.remap('SSSSSS', [o, ty, tx, i, j, c])",
+        "                        vty, vtx, vi, vj, vc = T.axis.remap('SSSSS', [ty, tx, i, j, c])",
         f"                        Y[vty * {m} + vi, vtx * {m} + vj, vc] = "
         + value(at, lambda k, l: f"M[{k}, {l}, vty * {tw} + vtx, vc]"),
         f"                for y, x, c in T.grid({vt * m}, {ow}, {BLOCK}):",
         "                    with T.sblock('store'):",
-        "                        vo, vy, vx, vc = T.axis.remap('SSSS', [o, y, x, c])",
+        "                        vy, vx, vc = T.axis.remap('SSS', [y, x, c])",
         f"                        T.where(vb * {vt * m} + y < {oh})",
         f"                        Out[vn, vo, vb * {vt * m} + vy, vx, vc] = Y[vy, vx, vc]",
     ]
     tensorized.append(("wino_out", register_wino(wino.WinoKernel(isa, "out", m))))
+    L[inner:] = ["    " + line for line in L[inner:]]
     return "\n".join(L) + "\n", tensorized
 
 
@@ -177,8 +202,8 @@ def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvB
         raise ValueError(f"Winograd tile must be one of {TILES} (F(m x m, 3 x 3)), got {m!r}")
     if g.block != BLOCK:
         raise ValueError(f"Winograd runs on {BLOCK}-channel blocks, got {g.block}")
-    vt = _band_tile_rows(g, m, blocking, threads)
-    text, tiles = _render(g, isa, m, vt)
+    vt, band_parallel, o_parallel = _plan(g, m, blocking, threads)
+    text, tiles = _render(g, isa, m, vt, band_parallel, o_parallel)
     sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
     for name, intrin in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
@@ -189,7 +214,7 @@ def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvB
     sch.vectorize(sch.get_loops(sch.get_sblock("store"))[-1])
     lib = tvm.compile(sch.mod, target=isa.target)
     oh, ow = g.out_hw
-    plan = {"algorithm": "winograd", "tile": m, "band_tile_rows": vt,
+    plan = {"algorithm": "winograd", "tile": m, "band_tile_rows": vt, "band_parallel": band_parallel, "block_parallel": o_parallel,
             "tiles_per_band": vt * _ceil_div(ow, m), "bands": g.n * _ceil_div(oh, m) // vt,
             "mr": DEFAULT_TILES[isa.name][0], "weight_bytes": 4 * int(np.prod((g.ob, m + 2, m + 2, _ceil_div(g.c, BLOCK) * BLOCK, BLOCK)))}
     return WinogradConv2dOp(g, isa, lib, op_threads, plan)

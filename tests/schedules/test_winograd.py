@@ -80,7 +80,8 @@ def test_matches_reference_within_bound(m, n, c, o, h, w, pad, seed):
 def test_resnet_like_layer_and_threads(m, rng):
     op, *_ = check(m, (1, 64, 20, 20), (48, 64, 3, 3), 1, rng, threads=2)
     assert op.plan["algorithm"] == "winograd" and op.plan["tile"] == m
-    assert op.plan["bands"] >= 2  # two threads have a band each
+    # Two threads split the bands when there are two, the output blocks otherwise.
+    assert op.plan["band_parallel"] == (op.plan["bands"] >= 2) != op.plan["block_parallel"], op.plan
 
 
 def test_blocked_path_chains_with_direct(rng):

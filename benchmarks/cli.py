@@ -66,6 +66,11 @@ def main(argv=None) -> int:
     _add_workloads(a)
     a.add_argument("--layers", nargs="+", type=int, default=[2, 10, 15], help="rows of the CSV (0-based)")
     a.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    acc = bsub.add_parser("accuracy", help="float32 error of direct and Winograd conv2d against float64")
+    acc.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
+    acc.add_argument("--channels", nargs="+", type=int, default=[16, 64, 256, 512])
+    acc.add_argument("--size", type=int, default=12, help="height and width of the layer")
+    acc.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
     sub.add_parser("check-tools", help="self-check the ARM cross toolchains, qemu-user and llvm-mca")
     args = p.parse_args(argv)
@@ -97,11 +102,15 @@ def main(argv=None) -> int:
     from schedules.targets import resolve, set_threads
 
     isa = resolve(args.target)
-    threads = args.threads or sorted({1, os.cpu_count() or 1})
+    threads = getattr(args, "threads", None) or sorted({1, os.cpu_count() or 1})
 
     from benchmarks import gemm
 
-    if args.what == "conv2d":
+    if args.what == "accuracy":
+        from benchmarks import accuracy
+
+        result = accuracy.run(isa, args.channels, args.size, log)
+    elif args.what == "conv2d":
         from benchmarks import conv2d
 
         layers = conv2d.load_workloads(args.workloads or conv2d.DEFAULT_WORKLOADS)

@@ -56,7 +56,7 @@ class Layer:
         shapes = (1, self.c, self.h, self.w), (self.o, self.c, self.k, self.k)
         kw = dict(stride=self.stride, padding=self.pad, target=f"x86-{isa.name}", threads=threads)
         if algorithm == "direct":
-            return schedules.conv2d(*shapes, **kw)
+            return schedules.conv2d(*shapes, algorithm="direct", **kw)
         if refusal(geometry(*shapes, stride=self.stride, padding=self.pad)):
             return None
         return schedules.conv2d(*shapes, algorithm="winograd", tile=int(algorithm.removeprefix("wino")), **kw)

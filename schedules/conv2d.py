@@ -378,7 +378,7 @@ def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
 
 
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
-           target="native", algorithm="direct", threads=None,
+           target="native", algorithm="auto", threads=None,
            blocking: ConvBlocking = ConvBlocking(), input_zero_point=None, weight_zero_point=None,
            weight_dtype=None, tile=None):
     """Compile a conv2d for NCHW data of `data_shape` and OIHW weights of `weight_shape`.
@@ -389,13 +389,14 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     sum (x - input_zero_point) * (w - weight_zero_point); weight_dtype defaults to "int8";
     dtype "int16" takes data the legalize pass already widened). threads: TVM's pool size
     while it runs (None: one per core; the ARM targets run single-threaded).
-    algorithm (float32, x86): "direct", or "winograd" with tile = 2, 4 or 6 (F(tile x tile,
-    3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only).
+    algorithm (float32, x86): "auto" (Winograd where it applies and measured faster, else
+    direct; op.plan says which and why), "direct", or "winograd" with tile = 2, 4 or 6
+    (F(tile x tile, 3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only).
     Returns a Conv2dOp (x86; a WinogradConv2dOp for Winograd) or an Int8Conv2dOp (ARM):
     op(data, weight) -> NCHW output.
     """
-    if algorithm not in ("direct", "winograd"):
-        raise ValueError(f"algorithm {algorithm!r} is not available; use 'direct' or 'winograd'")
+    if algorithm not in ("auto", "direct", "winograd"):
+        raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
     if tile is not None and algorithm != "winograd":
         raise ValueError(f"tile={tile!r} applies to algorithm='winograd' only")
     dtype = dtype.name if isinstance(dtype, np.dtype) else dtype
@@ -404,6 +405,8 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         threads = positive_int("threads", threads)
     isa = resolve(target)
     if isa.arch != "x86":
+        if algorithm == "winograd":
+            raise ValueError("algorithm='winograd' is an x86 float32 path; the ARM targets run the quantized spatial pack")
         if weight_dtype is None:
             weight_dtype = "int16" if dtype == "int16" else "int8"
         zps = (0 if input_zero_point is None else input_zero_point, 0 if weight_zero_point is None else weight_zero_point)
@@ -417,10 +420,18 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
     mr, nr = DEFAULT_TILES[isa.name]
     g = geometry(data_shape, weight_shape, stride, padding, dilation, groups, block=nr)
-    if algorithm == "winograd":
-        from .winograd import conv2d_winograd  # it builds on this module
+    reason = None
+    if algorithm != "direct":
+        from . import winograd  # it builds on this module
 
-        return conv2d_winograd(g, isa, 4 if tile is None else tile, threads or os.cpu_count() or 1, blocking, threads)
+        if algorithm == "auto":
+            tile, reason = winograd.choose(g)
+        elif tile is None:
+            tile = 4
+        if tile is not None:
+            op = winograd.conv2d_winograd(g, isa, tile, threads or os.cpu_count() or 1, blocking, threads)
+            op.plan["reason"] = reason or "algorithm='winograd'"
+            return op
     vh, band_parallel = _bands(g, blocking, threads or os.cpu_count() or 1)
     text, tiles = _render(g, isa, mr, vh, band_parallel)
     func = parser.parse(text, extra_vars={"T": T})
@@ -432,6 +443,6 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     lib = tvm.compile(sch.mod, target=isa.target)
-    plan = {"algorithm": "direct", "mr": mr, "band_rows": vh, "band_parallel": band_parallel,
+    plan = {"algorithm": "direct", "reason": reason or "algorithm='direct'", "mr": mr, "band_rows": vh, "band_parallel": band_parallel,
             "segments": _segments(g.out_hw[1], mr)}
     return Conv2dOp(g, isa, lib, threads, plan)

@@ -42,7 +42,7 @@ def compile_case(layer: str, isa: str):
     if isa in ARM_ISAS:
         return conv2d(data, weight, stride=stride, padding=padding, dtype="int8", target=PRESET_OF[isa],
                       input_zero_point=3, weight_zero_point=-2)
-    return conv2d(data, weight, stride=stride, padding=padding, target=f"x86-{isa}", threads=1)
+    return conv2d(data, weight, stride=stride, padding=padding, target=f"x86-{isa}", threads=1, algorithm="direct")
 
 
 def hot_loops(isa: str, op) -> list:

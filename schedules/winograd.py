@@ -33,6 +33,7 @@ from .targets import check_array
 
 BLOCK = wino.BLOCK
 TILES = tuple(sorted(wino.POINTS))
+AUTO_MIN_TILES = 49  # output tiles per image below which "auto" steps down a tile size (choose)
 
 
 def refusal(g: Geometry) -> str | None:
@@ -48,26 +49,45 @@ def refusal(g: Geometry) -> str | None:
     return None
 
 
+def choose(g: Geometry) -> tuple[int | None, str]:
+    """algorithm="auto": (Winograd tile, or None for direct; the reason), from the output map.
+
+    Measured with `bench conv2d --algorithms direct wino2 wino4 wino6` on ResNet-50's 3x3
+    stride-1 layers (AVX2 Zen 3, 1 and 2 threads, warm and cold cache; README, Winograd): F(4)
+    was fastest or within noise of F(6) at 56x56 and 28x28 (at least 49 tiles of 4x4), F(2) at
+    14x14 (49 tiles of 2x2: F(4)'s 16 tiles leave the GEMMs too few rows and re-read a 9 MiB U
+    per band), direct at 7x7, where even F(2) was 0.9-1.3x direct's time.
+    """
+    why = refusal(g)
+    if why:
+        return None, f"direct: Winograd needs {why}"
+    oh, ow = g.out_hw
+    for m in (4, 2):
+        tiles = _ceil_div(oh, m) * _ceil_div(ow, m)
+        if tiles >= AUTO_MIN_TILES:
+            return m, f"F({m}x{m}): {tiles} output tiles per image >= {AUTO_MIN_TILES}"
+    return None, f"direct: fewer than {AUTO_MIN_TILES} tiles of 2x2 per image"
+
+
 def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[int, bool, bool]:
     """(tile rows per band VT, whether threads split the bands, whether they split the output
     blocks).
 
-    Every band reads all of U, so each band costs U's bytes; one band holding the whole image
-    reads U once, but its V no longer stays in L2 and every output block re-reads it. Bands:
-    VT is the most tile rows whose V fits in half of L2 (a divisor of the tile rows). The whole
-    image is one band instead when that moves fewer bytes, U + (output blocks x V if V exceeds
-    half of L2) against bands x U: small maps with many channels, where U dwarfs the image.
-    Threads split the bands when there are enough of them, the output blocks otherwise.
+    Every band reads all of U, so each band costs U's bytes. Bands: VT is the most tile rows
+    whose V fits in half of L2 (a divisor of the tile rows). The whole image is one band instead
+    when its V still fits in L2 and the bands would read U more than once: small maps with many
+    channels, where U dwarfs the image. (A whole-image V larger than L2, re-read from L3 by
+    every output block, measured slower than re-reading U per band: 256x14x14 F(4), 2.5 ms in
+    one band against 1.5 ms in four.) Threads split the bands when there are enough of them,
+    the output blocks otherwise.
     """
     oh, ow = g.out_hw
     th, tw = _ceil_div(oh, m), _ceil_div(ow, m)
     alpha, cp = m + 2, _ceil_div(g.c, BLOCK) * BLOCK
     v_bytes = lambda vt: alpha * alpha * vt * tw * cp * 4  # noqa: E731
-    u_bytes = alpha * alpha * cp * g.ob * BLOCK * 4
     divisors = [d for d in range(1, th + 1) if th % d == 0]
     vt = max([d for d in divisors if v_bytes(d) <= blocking.image_budget] or [1])
-    image = u_bytes + (g.ob * v_bytes(th) if v_bytes(th) > blocking.image_budget else 0)
-    if image < (th // vt) * u_bytes:
+    if v_bytes(th) <= blocking.l2_bytes and th // vt > 1:
         vt = th
     bands = g.n * (th // vt)
     if threads == 1:

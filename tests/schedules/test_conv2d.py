@@ -1,4 +1,5 @@
-"""schedules.conv2d: numerics over awkward layers, its plan, the blocked fast path, refused inputs."""
+"""schedules.conv2d with algorithm="direct": numerics over awkward layers, its plan, the blocked fast path,
+refused inputs. (The default, "auto", runs Winograd on some 3x3 layers: test_winograd.py covers it.)"""
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def _check_segments(op, ow):
 
 
 def run_and_check(rng, data_shape, weight_shape, threads=None, **conv):
-    op = schedules.conv2d(data_shape, weight_shape, target=HOST, threads=threads, **conv)
+    op = schedules.conv2d(data_shape, weight_shape, target=HOST, threads=threads, algorithm="direct", **conv)
     x, w = _inputs(rng, data_shape, weight_shape)
     out = op(x, w)
     assert_conv_close(out, x, w, **conv)
@@ -169,8 +170,8 @@ def test_depthwise(rng, stride):
 ])
 def test_threads_give_identical_results(rng, data_shape, weight_shape, padding):
     x, w = _inputs(rng, data_shape, weight_shape)
-    one = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=1)(x, w)
-    two = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=2)(x, w)
+    one = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=1, algorithm="direct")(x, w)
+    two = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=2, algorithm="direct")(x, w)
     np.testing.assert_array_equal(one, two)
     assert_conv_close(two, x, w, padding=padding)
 
@@ -185,7 +186,7 @@ def test_threads_give_identical_results(rng, data_shape, weight_shape, padding):
     ((1, 3, 8, 8), (5, 3, 1, 1), 1),
 ])
 def test_blocked_path_matches_and_pads_with_zeros(rng, data_shape, weight_shape, groups):
-    op = schedules.conv2d(data_shape, weight_shape, padding=1, groups=groups, target=HOST)
+    op = schedules.conv2d(data_shape, weight_shape, padding=1, groups=groups, target=HOST, algorithm="direct")
     x, w = _inputs(rng, data_shape, weight_shape)
     xb, wb = op.to_blocked(x), op.pack_weights(w)
     assert xb.shape == op.blocked_data_shape and wb.shape == op.blocked_weight_shape
@@ -277,7 +278,7 @@ def test_geometry_validates_without_compiling():
 
 @pytest.fixture(scope="module")
 def small_op():
-    return schedules.conv2d((1, 4, 8, 8), (8, 4, 3, 3), padding=1, target=HOST)
+    return schedules.conv2d((1, 4, 8, 8), (8, 4, 3, 3), padding=1, target=HOST, algorithm="direct")
 
 
 _X = np.zeros((1, 4, 8, 8), np.float32)

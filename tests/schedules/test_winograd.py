@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import schedules
 from microkernels import best_host_isa
 from microkernels import f32_wino as wino
+from schedules import winograd
 from schedules.conv2d import geometry
 
 from .. import conv_reference
@@ -133,3 +134,32 @@ def test_geometry_refusal_precedes_winograd():
     with pytest.raises(ValueError, match="larger than the padded input"):
         schedules.conv2d((1, 8, 2, 2), (8, 8, 3, 3), algorithm="winograd", target=HOST)
     assert geometry((1, 8, 2, 2), (8, 8, 3, 3), padding=1).out_hw == (2, 2)
+
+
+@pytest.mark.parametrize("hw, want", [(56, 4), (28, 4), (14, 2), (7, None)])
+def test_auto_follows_the_measured_rule(hw, want):
+    """ResNet-50's 3x3 stride-1 maps: F(4) down to 28x28, F(2) at 14x14, direct at 7x7 (the
+    measurements behind it are in winograd.choose); it is the default for float32."""
+    g = geometry((1, 16, hw, hw), (16, 16, 3, 3), padding=1)
+    tile, reason = winograd.choose(g)
+    assert tile == want, reason
+    op = schedules.conv2d((1, 16, hw, hw), (16, 16, 3, 3), padding=1, target=HOST)  # algorithm="auto"
+    assert op.plan["algorithm"] == ("direct" if want is None else "winograd"), op.plan
+    assert op.plan.get("tile") == want and op.plan["reason"] == reason
+
+
+@pytest.mark.parametrize("kw, why", [(dict(stride=2), "stride 1"), (dict(weight_shape=(8, 8, 1, 1)), "a 3x3 kernel"),
+                                     (dict(groups=8, weight_shape=(8, 1, 3, 3)), "groups = 1")])
+def test_auto_runs_direct_where_winograd_cannot(kw, why, rng):
+    w_shape = kw.pop("weight_shape", (8, 8, 3, 3))
+    op = schedules.conv2d((1, 8, 30, 30), w_shape, padding=1, target=HOST, **kw)
+    assert op.plan["algorithm"] == "direct" and why in op.plan["reason"], op.plan
+    x = rng.standard_normal((1, 8, 30, 30), dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    ref = conv_reference.conv2d(x.astype(np.float64), w.astype(np.float64), padding=1, **kw)
+    np.testing.assert_allclose(op(x, w), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_winograd_refused_on_arm():
+    with pytest.raises(ValueError, match="x86 float32 path"):
+        schedules.conv2d((1, 8, 8, 8), (8, 8, 3, 3), dtype="uint8", target="armv7-neon", algorithm="winograd")

@@ -58,8 +58,9 @@ def main(argv=None) -> int:
     c.add_argument("--layers", nargs="+", type=int, default=None, help="only these rows of the CSV (0-based)")
     c.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
     c.add_argument("--cache", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
-    c.add_argument("--algorithms", nargs="+", choices=["direct", "wino2", "wino4", "wino6"], default=["direct"],
-                   help="timed side by side per layer; Winograd F(m) only where it applies (3x3, stride 1)")
+    c.add_argument("--algorithms", nargs="+", choices=["direct", "auto", "wino2", "wino4", "wino6"],
+                   default=["direct"], help="timed side by side per layer (direct always); auto is conv2d's "
+                   "default choice; Winograd F(m) only where it applies (3x3, stride 1)")
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     a = bsub.add_parser("arm", help="static MAC/cycle of the ARM int8 kernels and conv (llvm-mca)")

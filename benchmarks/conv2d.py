@@ -26,7 +26,6 @@ from schedules.conv2d import geometry
 from schedules.targets import require_host, set_threads
 from schedules.winograd import refusal
 
-ALGORITHMS = ("direct", "wino2", "wino4", "wino6")
 
 # Workload tables ship inside the package (benchmarks/workloads/<name>_conv2d.csv), so a clone
 # or an installed copy finds them with nothing beside it.
@@ -51,12 +50,12 @@ class Layer:
         return f"{self.c}x{self.h}x{self.w}->{self.o} k{self.k} s{self.stride} p{self.pad}"
 
     def conv(self, isa: Isa, threads: int, algorithm: str = "direct"):
-        """Our op for `algorithm`: "direct" or "wino2"/"wino4"/"wino6" (Winograd F(m x m, 3 x 3));
-        None where Winograd cannot compute the layer."""
+        """Our op for `algorithm`: "direct", "auto" (conv2d's default choice) or "wino2"/"wino4"/
+        "wino6" (Winograd F(m x m, 3 x 3)); None where Winograd cannot compute the layer."""
         shapes = (1, self.c, self.h, self.w), (self.o, self.c, self.k, self.k)
         kw = dict(stride=self.stride, padding=self.pad, target=f"x86-{isa.name}", threads=threads)
-        if algorithm == "direct":
-            return schedules.conv2d(*shapes, algorithm="direct", **kw)
+        if algorithm in ("direct", "auto"):
+            return schedules.conv2d(*shapes, algorithm=algorithm, **kw)
         if refusal(geometry(*shapes, stride=self.stride, padding=self.pad)):
             return None
         return schedules.conv2d(*shapes, algorithm="winograd", tile=int(algorithm.removeprefix("wino")), **kw)

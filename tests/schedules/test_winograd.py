@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedules
-from microkernels import best_host_isa
+from microkernels import ISAS, asm, best_host_isa
 from microkernels import f32_wino as wino
 from schedules import winograd
-from schedules.conv2d import geometry
+from schedules.conv2d import _segments, geometry
 
 from .. import conv_reference
 
@@ -163,3 +163,29 @@ def test_auto_runs_direct_where_winograd_cannot(kw, why, rng):
 def test_winograd_refused_on_arm():
     with pytest.raises(ValueError, match="x86 float32 path"):
         schedules.conv2d((1, 8, 8, 8), (8, 8, 3, 3), dtype="uint8", target="armv7-neon", algorithm="winograd")
+
+
+@pytest.mark.parametrize("isa_name", sorted(ISAS))
+@pytest.mark.parametrize("m", sorted(wino.POINTS))
+def test_gemm_k_loops_are_the_tile_and_transforms_stay_loops(m, isa_name):
+    """Compiled only, so AVX-512 is checked on any host. Every K loop of the batched GEMMs is a
+    register tile's K step and nothing else (the direct conv's check: MR*NR/lanes FMAs, B loads,
+    broadcasts, no store or stack access), one per tile height the plan uses; the transforms'
+    passes (the loops with adds and subtracts) are the two per lane chunk of each of the input
+    and output kernels."""
+    isa = ISAS[isa_name]
+    op = schedules.conv2d((1, 32, 18, 18), (32, 32, 3, 3), padding=1, algorithm="winograd", tile=m,
+                          target=f"x86-{isa_name}", threads=1)
+    loops = asm.fma_loops(op.asm)
+    transforms = [lp for lp in loops if lp.count("vadd") or lp.count("vsub")]
+    gemms = [lp for lp in loops if lp not in transforms]
+    nv = wino.BLOCK // isa.lanes
+    heights = {t for _, _, t in _segments(op.plan["tiles_per_band"], op.plan["mr"]) if t >= 2}
+    seen = set()
+    for lp in gemms:
+        mr = lp.count("vfmadd") // nv
+        problems = asm.tile_loop_problems(lp, isa, mr, nv)
+        assert mr in heights and not problems, f"{lp.label} ({mr} rows of {sorted(heights)}): {problems}\n" + "\n".join(lp.body)
+        seen.add(mr)
+    assert seen == heights
+    assert len(asm.single_block_loops(op.asm)) >= len(gemms) + 2 * 2 * nv

@@ -22,6 +22,7 @@ from tvm.script import parser
 from tvm.script import tirx as T
 
 from microkernels import GemmKernel, TileError
+from microkernels.isa import normalize_ints
 
 _REGISTERED: list[str] = []
 
@@ -48,10 +49,7 @@ class ConvTile:
     def __post_init__(self):
         if not self.kern.batch_reduce or self.kern.accumulate:
             raise TileError(f"a conv tile needs a beta=0 batch-reduce kernel, got {self.kern.name}")
-        for label in ("nb", "kh", "kw", "bi", "sw", "dh", "dw"):
-            v = getattr(self, label)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise TileError(f"{label} must be a positive int, got {v!r}")
+        normalize_ints(self, ("nb", "kh", "kw", "bi", "sw", "dh", "dw"), TileError)
         if self.kern.mr < 2:
             raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
         if not self.reduce_axes():

@@ -13,8 +13,10 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from microkernels import AVX2, AVX512, GemmKernel, Isa, TileError
+from microkernels.isa import positive_int
 
 _REGISTERED: list[str] = []
+MAX_INDEX = 2**31 - 1  # TIR indexes buffers with int32
 
 
 def intrin_name(kern: GemmKernel, k: int) -> str:
@@ -94,9 +96,10 @@ def _implementation(kern: GemmKernel, kk: int):
 @functools.lru_cache(maxsize=None)
 def register(kern: GemmKernel, k: int) -> str:
     """Register (once) the intrinsic of `kern` with reduction length `k`; return its name."""
-    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
-        raise TileError(f"K must be an int >= 2, got {k!r} (TIR drops unit-extent loops, so a K = 1 "
-                        "block can never match the description; pad K to 2)")
+    k = positive_int("K", k, TileError, minimum=2)  # TIR drops unit loops: a K = 1 block never matches
+    if k * max(kern.mr, kern.nr) > MAX_INDEX:
+        raise TileError(f"K={k} makes a {kern.mr}x{k} or {k}x{kern.nr} operand too large for TIR's int32 "
+                        f"index arithmetic (at most {MAX_INDEX} elements)")
     if kern.mr < 2:
         raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
                         "loops, so an MR = 1 block can never match the description)")

@@ -24,6 +24,7 @@ from tvm.script import tirx as T
 
 from microkernels import TileError
 from microkernels.int_mac import MacKernel
+from microkernels.isa import normalize_ints
 
 _REGISTERED: list[str] = []
 
@@ -46,10 +47,7 @@ class IntConvTile:
     dw: int = 1
 
     def __post_init__(self):
-        for label in ("kh", "kw", "ci", "sw", "dh", "dw"):
-            v = getattr(self, label)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise TileError(f"{label} must be a positive int, got {v!r}")
+        normalize_ints(self, ("kh", "kw", "ci", "sw", "dh", "dw"), TileError)
         if self.dot and self.ci % 4:
             raise TileError(f"sdot takes channels in groups of 4; ci={self.ci} is not a multiple of 4")
         if self.kern.mr < 2:

@@ -17,6 +17,7 @@ from tvm.script import tirx as T
 
 from microkernels import AARCH64, AARCH64_DOT, NEON, TileError
 from microkernels.int_mac import MacKernel
+from microkernels.isa import positive_int
 
 _REGISTERED: list[str] = []
 
@@ -98,9 +99,14 @@ def _dot_pair(kern: MacKernel, kk: int):
 @functools.lru_cache(maxsize=None)
 def register_mac(kern: MacKernel, k: int) -> str:
     """Register (once) the intrinsic of `kern` with reduction length `k`; return its name."""
-    if not isinstance(k, int) or isinstance(k, bool) or k < kern.k_step or k % kern.k_step:
+    try:
+        k_int = positive_int("K", k, TileError, minimum=kern.k_step)
+    except TileError:
+        k_int = None
+    if k_int is None or k_int % kern.k_step:
         raise TileError(f"K must be a positive multiple of {kern.k_step} for {kern.name} (one K step "
                         f"is {kern.k_step} values of A), got {k!r}; pad K with zeros")
+    k = k_int
     if kern.mr < 2:
         raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
                         "loops, so an MR = 1 block can never match the description)")

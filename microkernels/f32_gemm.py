@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .isa import ISAS, Isa
+from .isa import ISAS, Isa, normalize_ints, positive_int
 
 
 class TileError(ValueError):
@@ -37,6 +37,7 @@ class GemmKernel:
     batch_reduce: bool = False  # True: sum a 3-deep strided batch of A blocks (see module doc)
 
     def __post_init__(self):
+        normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
         check_tile(self.isa, self.mr, self.nr)
 
     @property
@@ -66,8 +67,7 @@ def registers_needed(isa: Isa, mr: int, nr: int) -> int:
 
 def check_tile(isa: Isa, mr: int, nr: int) -> None:
     for label, v in (("MR", mr), ("NR", nr)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise TileError(f"{label} must be a positive int, got {v!r}")
+        positive_int(label, v, TileError)
     if nr % isa.lanes:
         raise TileError(f"NR={nr} must be a multiple of the {isa.name} vector width ({isa.lanes} floats)")
     need = registers_needed(isa, mr, nr)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .f32_gemm import TileError
-from .isa import AARCH64, AARCH64_DOT, ARM_ISAS, NEON, Isa
+from .isa import AARCH64, AARCH64_DOT, ARM_ISAS, NEON, Isa, normalize_ints, positive_int
 
 # What each ISA multiplies with, and how many K values one A register holds.
 _OPS = {
@@ -44,6 +44,7 @@ class MacKernel:
     def __post_init__(self):
         if self.isa.name not in _OPS:
             raise TileError(f"no integer MAC kernel for {self.isa.name}; expected one of {sorted(_OPS)}")
+        normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
         check_tile(self.isa, self.mr, self.nr)
 
     @property
@@ -94,8 +95,7 @@ def max_mac_tiles(isa: Isa, nr_limit: int = 64) -> list[tuple[int, int]]:
 
 def check_tile(isa: Isa, mr: int, nr: int) -> None:
     for label, v in (("MR", mr), ("NR", nr)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise TileError(f"{label} must be a positive int, got {v!r}")
+        positive_int(label, v, TileError)
     if nr % 8:
         # B rows are loaded 8 columns at a time (one q of int16, or two of sdot groups).
         raise TileError(f"NR={nr} must be a multiple of 8 on {isa.name}")

@@ -7,6 +7,7 @@ Everything above this module reads lanes, register counts and LLVM target settin
 from __future__ import annotations
 
 import functools
+import operator
 import platform
 from dataclasses import dataclass
 
@@ -140,3 +141,26 @@ def best_host_isa() -> Isa:
     raise RuntimeError(
         "this host has neither AVX-512F nor AVX2+FMA; tvm-microkernels' x86 kernels need one of them"
     )
+
+
+def positive_int(label: str, value, error: type[Exception] = ValueError, minimum: int = 1) -> int:
+    """`value` as an int if it is an integer (Python or numpy, not bool) of at least `minimum`;
+    otherwise `error` naming `label`."""
+    what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    try:
+        if isinstance(value, bool) or type(value).__name__ == "bool_":
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise error(f"{label} must be {what}, got {value!r}") from None
+    if v < minimum:
+        raise error(f"{label} must be {what}, got {value!r}")
+    return v
+
+
+def normalize_ints(obj, fields, error: type[Exception]) -> None:
+    """Check a frozen dataclass's integer fields and store them as plain ints (numpy integers
+    would otherwise leak into kernel names and TIR). `fields`: names, or {name: label}."""
+    labels = fields if isinstance(fields, dict) else {f: f for f in fields}
+    for field, label in labels.items():
+        object.__setattr__(obj, field, positive_int(label, getattr(obj, field), error))

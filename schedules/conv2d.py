@@ -33,7 +33,7 @@ from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from . import layouts
 from .compiled import CompiledOp
 from .conv2d_int8 import conv2d_int8, conv_kernel
-from .targets import check_array, positive_int, resolve
+from .targets import check_array, check_elements, dtype_name, positive_int, resolve, thread_count
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -374,7 +374,11 @@ def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
     if eh > h + pad[0] + pad[2] or ew > w + pad[1] + pad[3]:
         raise ValueError(f"the (dilated) kernel {eh}x{ew} is larger than the padded input "
                          f"{h + pad[0] + pad[2]}x{w + pad[1] + pad[3]}")
-    return Geometry(n, c, h, w, o, kh, kw, stride, pad, dilation, groups, block)
+    g = Geometry(n, c, h, w, o, kh, kw, stride, pad, dilation, groups, block)
+    # Before any planning: a padding of 10**9 must be refused here, not iterated over.
+    check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
+                   padded_input=(n, g.groups * g.nb, h + pad[0] + pad[2], w + pad[1] + pad[3], g.bi))
+    return g
 
 
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
@@ -399,10 +403,9 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
     if tile is not None and algorithm != "winograd":
         raise ValueError(f"tile={tile!r} applies to algorithm='winograd' only")
-    dtype = dtype.name if isinstance(dtype, np.dtype) else dtype
-    weight_dtype = weight_dtype.name if isinstance(weight_dtype, np.dtype) else weight_dtype
-    if threads is not None:
-        threads = positive_int("threads", threads)
+    dtype = dtype_name("dtype", dtype)
+    weight_dtype = dtype_name("weight_dtype", weight_dtype)
+    threads = thread_count(threads)
     isa = resolve(target)
     if isa.arch != "x86":
         if algorithm == "winograd":

@@ -22,7 +22,7 @@ import intrinsics
 from microkernels import GemmKernel, Isa, default_kernel
 
 from .compiled import CompiledOp
-from .targets import check_array, positive_int, resolve
+from .targets import check_array, check_elements, positive_int, resolve, thread_count
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -79,8 +79,8 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
     kernel: the tile to use (default: the ISA's default tile).
     """
     M, N, K = (positive_int(n, v) for n, v in (("M", M), ("N", N), ("K", K)))
-    if threads is not None:
-        threads = positive_int("threads", threads)
+    check_elements(A=(M, K), B=(K, N), C=(M, N))
+    threads = thread_count(threads)
     isa = resolve(target)
     kern = kernel or default_kernel(isa.name)
     if kern.isa != isa or not kern.accumulate:
@@ -94,6 +94,7 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
     n_mblk, mcb = _split_evenly(M, mr, blocking.mc_elems)
     n_nblk, ncb = _split_evenly(N, nr, blocking.nc_elems)
     mt, nt = n_mblk * mcb, n_nblk * ncb  # tiles, padded to whole blocks
+    check_elements(packed_A=(mt, nk, mr, kc), packed_B=(nt, nk, kc, nr), C_tiles=(mt, nt, mr, nr))
 
     A = te.placeholder((M, K), "float32", name="A")
     B = te.placeholder((K, N), "float32", name="B")

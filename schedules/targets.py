@@ -45,12 +45,48 @@ def require_host(isa: Isa) -> None:
         )
 
 
+# TVM indexes buffers with int32 arithmetic: a buffer of 2**31 elements or more fails deep in
+# the compiler ("Literal value ... exceeds range of int32"), so entry points refuse it first.
+MAX_ELEMENTS = 2**31 - 1
+# More pool threads than this is a mistake, not a machine: TVM's pool fails at call time.
+MAX_THREADS = 1024
+
+
 def positive_int(name: str, value) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return int(value)
+
+
+def thread_count(threads) -> int | None:
+    """None, or a positive int no larger than MAX_THREADS."""
+    if threads is None:
+        return None
+    threads = positive_int("threads", threads)
+    if threads > MAX_THREADS:
+        raise ValueError(f"threads={threads} is more than {MAX_THREADS}; this host has {os.cpu_count()} cores")
+    return threads
+
+
+def check_elements(**buffers: tuple) -> None:
+    """Refuse any buffer (name=shape) of MAX_ELEMENTS elements or more, naming it."""
+    for name, shape in buffers.items():
+        count = int(np.prod([int(d) for d in shape], dtype=object))
+        if count > MAX_ELEMENTS:
+            raise ValueError(f"{name} would hold {count} elements {tuple(shape)}; TVM's int32 index "
+                             f"arithmetic allows at most {MAX_ELEMENTS} per buffer")
+
+
+def dtype_name(name: str, value) -> str | None:
+    """A dtype given as a string, a numpy dtype or a numpy scalar type (np.float32), by name."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return np.dtype(value).name
+    except TypeError:
+        raise TypeError(f"{name} must be a dtype name such as 'float32' or a numpy dtype, got {value!r}") from None
 
 
 def check_array(name: str, arr, shape: tuple, dtype: str) -> np.ndarray:

@@ -263,6 +263,10 @@ GOOD = dict(data_shape=(1, 4, 8, 8), weight_shape=(8, 4, 3, 3))
     (dict(target="llvm -mcpu=skylake-avx512"), ValueError, "no longer parses target strings"),
     (dict(threads=0), ValueError, "threads must be >= 1"),
     (dict(threads=1.0), TypeError, "threads must be an int"),
+    (dict(threads=2**31), ValueError, "threads=2147483648 is more than 1024"),
+    (dict(padding=10**9), ValueError, "output would hold .* int32 index arithmetic"),
+    (dict(dtype=np.int64), ValueError, "dtype 'int64' is not supported"),
+    (dict(dtype=object()), TypeError, "dtype must be a dtype name"),
 ])
 def test_bad_arguments(kwargs, exc, msg):
     with pytest.raises(exc, match=msg):

@@ -72,6 +72,8 @@ def test_native_picks_the_widest_isa_the_host_runs(monkeypatch):
         (dict(M=4, N=-3, K=4), ValueError, "N must be >= 1"),
         (dict(M=4, N=4, K=2.5), TypeError, "K must be an int"),
         (dict(M=4, N=4, K=4, threads=0), ValueError, "threads must be >= 1"),
+        (dict(M=4, N=4, K=4, threads=2**31), ValueError, "threads=2147483648 is more than 1024"),
+        (dict(M=50000, N=16, K=50000), ValueError, "A would hold 2500000000 elements .* int32 index"),
         (dict(M=4, N=4, K=4, target="x86-sse"), ValueError, "unknown target 'x86-sse'"),
         (dict(M=4, N=4, K=4, target="llvm -mcpu=skylake-avx512"), ValueError, "no longer parses target strings"),
         (dict(M=4, N=4, K=4, target={"kind": "llvm"}), ValueError, "unknown target"),

@@ -12,6 +12,7 @@ import functools
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,6 +40,7 @@ INSTALL_HINT = "apt-get install " + " ".join(PACKAGES)
 HARNESS = Path(__file__).with_name("qemu_harness.c")
 TIMEOUT = 300  # seconds per qemu run; a hung kernel should fail a test, not stall CI
 DLPACK_CODE = {"i": 0, "u": 1, "f": 2}  # numpy kind -> DLPack kDLInt / kDLUInt / kDLFloat
+_LOCK = threading.Lock()
 
 # The self-check's program: C library headers, static libc and qemu, nothing of TVM's.
 _PROBE_C = r"""
@@ -177,12 +179,19 @@ def run(lib, arch: str, args: list[np.ndarray], outputs: list[int]) -> list[np.n
     gcc, qemu, _ = ARCHES[arch]
     # Compiling the harness and linking touch only the toolchain: their failures are
     # ToolchainError. Running is the kernel's part: a crash or TVM's argument checks there
-    # come back as a plain RuntimeError.
-    harness = _harness_object(arch)
-    with tempfile.TemporaryDirectory(dir=_workdir()) as tmp:
-        tmp = Path(tmp)
-        lib.mod.write_to_file(str(tmp / "kernel.o"))
-        _output([gcc, "-static", "-o", str(tmp / "run"), str(harness), str(tmp / "kernel.o"), "-lm"])
+    # come back as a plain RuntimeError. The cached work folder and harness object, and TVM's
+    # write_to_file on a module two threads share, are not safe to run concurrently (a double
+    # free, seen with two threads calling one op): they run under a lock, qemu outside it.
+    with _LOCK:
+        harness = _harness_object(arch)
+        tmp = Path(tempfile.mkdtemp(dir=_workdir()))
+        try:
+            lib.mod.write_to_file(str(tmp / "kernel.o"))
+            _output([gcc, "-static", "-o", str(tmp / "run"), str(harness), str(tmp / "kernel.o"), "-lm"])
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    try:
         argv = [qemu, str(tmp / "run")]
         for i, a in enumerate(args):
             a.tofile(tmp / f"arg{i}.bin")
@@ -190,3 +199,5 @@ def run(lib, arch: str, args: list[np.ndarray], outputs: list[int]) -> list[np.n
             argv += [str(d) for d in a.shape] + [str(tmp / f"arg{i}.bin")]
         _output(argv, timeout=TIMEOUT, error=RuntimeError)
         return [np.fromfile(tmp / f"arg{k}.bin", dtype=args[k].dtype).reshape(args[k].shape) for k in outputs]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

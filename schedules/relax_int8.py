@@ -22,7 +22,8 @@ the pass's arguments -- so the result changes on purpose: after the pass the fun
 sum (x - zp_x) * (w - zp_w). Padding pads the int16, shifted data with 0, i.e. a padded pixel is
 the zero point and contributes nothing, the same convention as the schedule's pack stage (and
 QNN's). Each |x - zp_x|, |w - zp_w| is at most 255, so int16 holds them exactly and the int32
-sum is exact while C/groups * KH * KW <= 33025 (`conv2d_int8.MAX_K`); the pass does not check.
+sum is exact while C/groups * KH * KW <= 33025 (`conv2d_int8.MAX_K`); a longer reduction (or a
+weight whose shape is not static) is refused with a ValueError, never rewritten or passed over.
 
 Trade-off against the schedule-level upcast:
   * Weights stored as int16 double their footprint: the constant in the module (and in the
@@ -36,10 +37,11 @@ Trade-off against the schedule-level upcast:
   * In exchange, graph-level users need nothing but an int16 conv2d: no custom schedule, and the
     rewrite is visible (and testable) in the IR.
 
-Matching is strict; anything else is left as it was: the call must be `relax.nn.conv2d`, its data
-a tensor of dtype int8 or uint8, its weight an int8/uint8 *constant* (a `GenericConst`; bind
-parameters first, e.g. with `relax.transform.BindParams`, if the weights are function inputs),
-and its out_dtype int32. Zero points are per tensor and module wide: one zp_x for every matched
+Matching: the call must be `relax.nn.conv2d`, its data and weight tensors of dtype int8 or
+uint8, and its out_dtype int32; anything else is left as it was. A constant weight is widened
+offline as above; a weight that is a function input (not bound with `relax.transform.
+BindParams`) is widened in the graph like the data (astype, subtract), so its zero point is
+never dropped. Zero points are per tensor and module wide: one zp_x for every matched
 conv's data, one zp_w for every matched weight. They are checked against the 8-bit range of the
 dtype they apply to (int8: [-128, 127], uint8: [0, 255]): values outside both are refused when the
 pass is created, a value that misfits one conv's dtype when the pass meets that conv (ValueError
@@ -53,6 +55,8 @@ import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
+
+from .conv2d_int8 import MAX_K
 
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 EIGHT_BIT = tuple(ZERO_POINT_RANGE)
@@ -86,16 +90,27 @@ def _tensor_dtype(expr) -> str | None:
 
 
 def _matches(call) -> bool:
-    """An 8-bit conv2d with a constant 8-bit weight and an int32 result."""
+    """An 8-bit conv2d with an 8-bit weight and an int32 result."""
     if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CONV2D)):
         return False
     data, weight = call.args
     return (
         _tensor_dtype(data) in EIGHT_BIT
-        and isinstance(weight, GenericConst)
         and _tensor_dtype(weight) in EIGHT_BIT
         and str(call.attrs.out_dtype) == ACC
     )
+
+
+def _check_reduction(weight) -> None:
+    """Refuse a conv whose int32 sum of (x - zp_x)(w - zp_w) could wrap: rewriting it would
+    change its result silently, and leaving it would drop the zero points just as silently."""
+    shape = weight.ty.shape if isinstance(weight.ty, relax.TensorType) else None
+    if shape is None or len(shape) != 4 or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+        raise ValueError(f"cannot legalize an 8-bit conv2d whose weight shape is not static: {shape}")
+    _, cg, kh, kw = (int(d) for d in shape)
+    if cg * kh * kw > MAX_K:
+        raise ValueError(f"cannot legalize an 8-bit conv2d exactly: its reduction C/groups*KH*KW = {cg}*{kh}*{kw} = "
+                         f"{cg * kh * kw} exceeds {MAX_K}, beyond which the int32 sum of products up to 255*255 can wrap")
 
 
 @expr_functor.mutator
@@ -112,19 +127,26 @@ class _Int8Conv2dLegalizer(PyExprMutator):
         data, weight = call.args
         _check_zero_point_for("input_zero_point", self.zp_x, _tensor_dtype(data))
         _check_zero_point_for("weight_zero_point", self.zp_w, _tensor_dtype(weight))
+        _check_reduction(weight)
 
         # The graph part: widen (and shift) the data. Emitted as bindings of their own, so the
         # function stays in normal form (call arguments are variables or constants).
         wide = self.builder_.emit(relax.op.astype(data, WIDE))
         if self.zp_x:
             wide = self.builder_.emit(relax.op.subtract(wide, relax.const(self.zp_x, WIDE)))
-        # The offline part: the weight constant, widened and shifted once, here.
-        w = weight.value.numpy().astype(np.int16) - np.int16(self.zp_w)
+        if isinstance(weight, GenericConst):
+            # The offline part: the weight constant, widened and shifted once, here.
+            w_wide = relax.const(weight.value.numpy().astype(np.int16) - np.int16(self.zp_w), WIDE)
+        else:
+            # A weight that is a function input is widened in the graph, like the data.
+            w_wide = self.builder_.emit(relax.op.astype(weight, WIDE))
+            if self.zp_w:
+                w_wide = self.builder_.emit(relax.op.subtract(w_wide, relax.const(self.zp_w, WIDE)))
         a = call.attrs
         self.rewritten += 1
         return relax.op.nn.conv2d(
             wide,
-            relax.const(w, WIDE),
+            w_wide,
             strides=a.strides,
             padding=a.padding,
             dilation=a.dilation,

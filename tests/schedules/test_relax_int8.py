@@ -203,13 +203,37 @@ def test_nhwc_layout(rng):
     np.testing.assert_array_equal(got, ref_qconv2d(x, w, zp_x, zp_w, **attrs).transpose(0, 2, 3, 1))
 
 
+@pytest.mark.parametrize("zp_w", [-3, 0])
+def test_parameter_weight_is_widened_in_the_graph(rng, zp_w):
+    """A weight that is a function input keeps its zero point: it is widened in the graph (it
+    used to be left alone, which computed sum x * w and dropped both zero points silently)."""
+    zp_x = 7
+    w = _random(rng, (16, 8, 3, 3), "int8")
+    x = _random(rng, DATA_SHAPE, "int8")
+    mod = legalize_int8_conv2d(zp_x, zp_w)(conv_module("int8", None, padding=1))
+    (conv,) = conv_calls(mod)
+    assert str(conv.args[1].ty.dtype) == "int16"
+    np.testing.assert_array_equal(run(mod, x, w), ref_qconv2d(x, w, zp_x, zp_w, padding=1))
+
+
+def test_reduction_beyond_the_exact_bound_refused(rng):
+    """C*KH*KW = 4445*9 = 40005 > 33025: the int32 sum could wrap, so the pass refuses the conv
+    rather than rewrite it (it used to, and wrapped by 2**32) or leave it without zero points."""
+    c = 4445
+    w = np.zeros((4, c, 3, 3), np.int8)
+    mod = conv_module("uint8", w, data_shape=(1, c, 3, 3))
+    with pytest.raises(ValueError, match=r"4445\*3\*3 = 40005 exceeds 33025"):
+        legalize_int8_conv2d(128, 0)(mod)
+    ok = conv_module("uint8", w[:, :3669], data_shape=(1, 3669, 3, 3))  # 33021: within the bound
+    assert len(conv_calls(legalize_int8_conv2d(128, 0)(ok))) == 1
+
+
 # --- (c) what it leaves alone ---------------------------------------------------------------
 
 
 UNCHANGED = {
     "float32": lambda rng: conv_module("float32", rng.standard_normal((16, 8, 3, 3)).astype("float32"),
                                        out_dtype="float32", padding=1),
-    "weight is a parameter": lambda rng: conv_module("int8", None, padding=1),
     "out_dtype int16": lambda rng: conv_module("int8", _random(rng, (16, 8, 3, 3), "int8"), out_dtype="int16"),
     "out_dtype unset (int8)": lambda rng: conv_module("int8", _random(rng, (16, 8, 3, 3), "int8"), out_dtype=None),
     "int16 data": lambda rng: conv_module("int16", _random(rng, (16, 8, 3, 3), "int8").astype("int16")),

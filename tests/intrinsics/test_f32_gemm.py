@@ -58,7 +58,7 @@ def _check_tile(kern, lay, seed):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((kern.mr, lay.lda), dtype=np.float32)
     b = rng.standard_normal((lay.k, lay.ldb), dtype=np.float32)
-    c = rng.standard_normal((kern.mr + lay.c_row, lay.ldc), dtype=np.float32)
+    c = rng.standard_normal(lay.c_shape(kern.mr), dtype=np.float32)
     lib = compile_tile(kern, lay)
     tc = tvm.runtime.tensor(c)
     lib(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tc)
@@ -69,6 +69,17 @@ def _check_tile(kern, lay, seed):
     outside = np.ones(c.shape, bool)
     outside[rows, cols] = False
     assert np.array_equal(got[outside], c[outside]), "the kernel wrote outside its tile"
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+@pytest.mark.parametrize("isa", RUNNABLE, ids=lambda i: i.name)
+def test_row_strides_are_told_apart(isa, accumulate):
+    """lda, ldb and ldc all different (matmul's packed panels have ldb = ldc = NR, where a kernel
+    that mixed them up would pass), the tile away from every buffer edge."""
+    mr, nr = max_tiles(isa)[0]
+    k = 37
+    lay = TileLayout(k, lda=k + 5, ldb=nr + 3, ldc=nr + 11, a_col=2, b_col=1, c_col=4, c_row=1)
+    _check_tile(GemmKernel(isa, mr, nr, accumulate), lay, seed=7)
 
 
 @pytest.mark.parametrize("isa", RUNNABLE, ids=lambda i: i.name)
@@ -87,10 +98,10 @@ def test_tile_extremes(isa):
     lay = TileLayout.dense(kern, 4)
     a = np.array([[3e38, -3e38, 1e-30, 0.0], [-0.0, 1.0, 2.0, 3.0]], np.float32)
     b = np.tile(np.array([[1.0], [1.0], [1e-10], [-0.0]], np.float32), (1, isa.lanes))
-    c = np.zeros((2, isa.lanes), np.float32)
+    c = np.zeros(lay.c_shape(2), np.float32)
     tc = tvm.runtime.tensor(c)
     compile_tile(kern, lay)(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tc)
-    expect = np.zeros_like(c)
+    expect = np.zeros_like(c)  # the guard rows below the tile stay 0
     for i in range(2):  # the kernel's order: a sequence of float32 FMAs over k
         for kk in range(4):
             expect[i] = (expect[i].astype(np.float64) + np.float64(a[i, kk]) * b[kk].astype(np.float64)).astype(np.float32)

@@ -48,3 +48,18 @@ def test_rbp_is_stack_only_in_a_function_with_a_frame_pointer():
     with_fp = asm.single_block_loops(body.format("\tpushq\t%rbp\n\tmovq\t%rsp, %rbp\n"))[0]
     assert no_fp.stack_accesses() == []
     assert with_fp.stack_accesses() == ["vmovups -64(%rbp), %zmm1"]
+
+
+def test_arm_stack_accesses_found_and_others_not():
+    """The ARM detector on the forms a spill or a saved register takes (a broken `[sp` pattern
+    used to pass the whole suite), and on look-alikes that are not stack traffic."""
+    stack = ["ldr q0, [sp, #16]", "str q8, [sp]", "stp q0, q1, [sp, #-32]!", "ldp x29, x30, [sp], #16",
+             "vpush {d8-d15}", "vpop {d8, d9}", "vst1.64 {d8, d9}, [sp:128]", "push {r4, lr}"]
+    other = ["ldr q0, [x1, #16]", "vmlal.s16 q8, d0, d2[1]", "smlal v16.4s, v0.4h, v2.h[1]",
+             "add x1, x1, #64", "vld1.16 {d0, d1}, [r0]!", "sdot v16.4s, v0.16b, v4.4b[0]"]
+    for arch, branch in (("armv7", "bne"), ("aarch64", "b.ne")):
+        body = "f:\n.LBB0_1:\n" + "".join(f"\t{ins}\n" for ins in stack + other) + f"\t{branch} .LBB0_1\n"
+        (lp,) = asm.single_block_loops(body, arch)
+        found = lp.stack_accesses()
+        assert [asm.normalize(f"f:\n\t{i}\n", arch).splitlines()[1].strip() for i in stack] == \
+            [f.strip() for f in found], found

@@ -27,6 +27,7 @@ from tvm import s_tir
 from tvm.script import parser
 from tvm.script import tirx as T
 
+from intrinsics.beta0 import drop_dead_inits
 from intrinsics.f32_conv import ConvTile, reduce_axes, register_conv
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 
@@ -445,7 +446,8 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         sch.tensorize(loops[-(len(tile.reduce_axes()) + 2)], register_conv(tile))
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
-    lib = tvm.compile(sch.mod, target=isa.target)
+    # The tiles are beta=0: the zero fill tensorize keeps in front of each is dead.
+    lib = tvm.compile(drop_dead_inits(sch.mod, [f"{name}_o" for name, _ in tiles]), target=isa.target)
     plan = {"algorithm": "direct", "reason": reason or "algorithm='direct'", "mr": mr, "band_rows": vh, "band_parallel": band_parallel,
             "segments": _segments(g.out_hw[1], mr)}
     return Conv2dOp(g, isa, lib, threads, plan)

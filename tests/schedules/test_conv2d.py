@@ -2,6 +2,7 @@
 refused inputs. (The default, "auto", runs Winograd on some 3x3 layers: test_winograd.py covers it.)"""
 
 import numpy as np
+import tvm
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 import schedules
 from microkernels import DEFAULT_TILES, best_host_isa
 from schedules import layouts
-from schedules.conv2d import geometry  # `schedules.conv2d` itself is the function, not the module
+from schedules.conv2d import _segments, geometry  # `schedules.conv2d` itself is the function, not the module
 
 from .. import conv_reference
 
@@ -311,3 +312,41 @@ def test_bad_blocked_arrays(small_op):
         small_op.run_blocked(xb, _W)
     with pytest.raises(ValueError, match="out must have shape"):
         small_op.from_blocked(np.zeros((1, 1, 8, 8, 8), np.float32))
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "winograd"])
+def test_output_tiles_are_not_zero_filled_before_the_kernel(algorithm, rng):
+    """The tiles are beta=0 kernels that overwrite their output; the zero fill TVM keeps in front
+    of each tensorized reduction (one memset per tile, 384 bytes for 6x16) must be gone, and the
+    result must not depend on what the output held: a NaN-filled output comes out right."""
+    import re
+
+    import tvm
+
+    x = rng.standard_normal((1, 32, 14, 14), dtype=np.float32)
+    w = rng.standard_normal((32, 32, 3, 3), dtype=np.float32)
+    op = schedules.conv2d(x.shape, w.shape, padding=1, target=HOST, algorithm=algorithm, threads=1)
+    ll = op.lib.mod.inspect_source("ll")
+    plan = op.plan
+    rows = plan["segments"] if algorithm == "direct" else _segments(plan["tiles_per_band"], plan["mr"])
+    tile_bytes = {t * NR * 4 for _, _, t in rows if t >= 2}  # the heights this plan's tiles have
+    fills = [int(n) for n in re.findall(r"call void @llvm\.memset[^(]*\([^,]*, i8 0, i64 (\d+)", ll)]
+    assert not tile_bytes & set(fills), f"zero fills of an output tile's size: {fills}"
+    args = [tvm.runtime.tensor(op.to_blocked(x)), tvm.runtime.tensor(op.pack_weights(w)),
+            tvm.runtime.tensor(np.full(op.blocked_out_shape, np.nan, np.float32))]
+    op.lib(*args)
+    got = op.from_blocked(args[2].numpy())
+    ref = ref_conv2d(x, w, padding=1)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_drop_dead_inits_names_unknown_blocks():
+    from intrinsics.beta0 import drop_dead_inits
+    from tvm import te
+
+    A = te.placeholder((4,), name="A")
+    k = te.reduce_axis((0, 4), name="k")
+    mod = tvm.IRModule({"main": te.create_prim_func([A, te.compute((1,), lambda i: te.sum(A[k], axis=k), name="S")])})
+    with pytest.raises(ValueError, match=r"no blocks named \['nope'\]"):
+        drop_dead_inits(mod, ["nope"])
+    assert "T.init" not in drop_dead_inits(mod, ["S"]).script() and "T.init" in mod.script()

@@ -7,11 +7,11 @@ Per band of VT rows of output tiles (T = VT * tiles per row), all in buffers siz
       gemm   M[xi, nu, t, :16] = V[xi, nu, t, :] @ U[o, xi, nu, :, :16]       (GEMM tile, beta=0)
       out    Y[tile rows]      = A^T M_t A                                    (transform kernel)
       store  the valid part of Y into the output (the right and bottom tiles may be partial)
-The band is sized so that V stays in L2 while every output block sweeps it, unless one band
-of the whole image moves fewer bytes (`_plan`); M and Y are one output block's worth, in L1.
-Threads split the bands, or the output blocks when there are fewer bands than threads. The weights are transformed once, ahead
-of time (`pack_weights`), into U[o, xi, nu, c, 16], the B panels the GEMM reads: alpha^2 / 9 times
-the bytes of the 3x3 weights.
+The band is sized so that V stays in L2 while every output block sweeps it; the whole image is
+one band when its V fits in L2 (`_plan`). M and Y are one output block's worth, in L1. Threads
+split the bands, or the output blocks when there are fewer bands than threads. The weights are
+transformed once, ahead of time (`pack_weights`), into U[o, xi, nu, c, 16], the B panels the
+GEMM reads: alpha^2 / 9 times the bytes of the 3x3 weights.
 """
 
 from __future__ import annotations
@@ -237,7 +237,9 @@ def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvB
     gemms = [f"{name}_o" for name, _ in tiles if name.startswith("wino_gemm")]
     lib = tvm.compile(drop_dead_inits(sch.mod, gemms), target=isa.target)
     oh, ow = g.out_hw
-    plan = {"algorithm": "winograd", "tile": m, "band_tile_rows": vt, "band_parallel": band_parallel, "block_parallel": o_parallel,
-            "tiles_per_band": vt * _ceil_div(ow, m), "bands": g.n * _ceil_div(oh, m) // vt,
-            "mr": DEFAULT_TILES[isa.name][0], "weight_bytes": 4 * int(np.prod((g.ob, m + 2, m + 2, _ceil_div(g.c, BLOCK) * BLOCK, BLOCK)))}
-    return WinogradConv2dOp(g, isa, lib, op_threads, plan)
+    plan = {"algorithm": "winograd", "tile": m, "band_tile_rows": vt, "band_parallel": band_parallel,
+            "block_parallel": o_parallel, "tiles_per_band": vt * _ceil_div(ow, m),
+            "bands": g.n * _ceil_div(oh, m) // vt, "mr": DEFAULT_TILES[isa.name][0]}
+    op = WinogradConv2dOp(g, isa, lib, op_threads, plan)
+    plan["weight_bytes"] = 4 * int(np.prod(op.blocked_weight_shape))
+    return op

@@ -13,7 +13,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
 )
-settings.register_profile("dev", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Every setting spelled out: a profile inherits the one loaded when it is registered, and under
+# CI=true hypothesis loads its own "ci" profile first, which the one above then replaces.
+settings.register_profile("dev", max_examples=150, deadline=None, derandomize=False, phases=list(Phase),
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -177,8 +177,10 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 for algo, op in by_algo.items():  # a layer Winograd skips costs direct's time
                     if op is None:
                         tot_ours[algo] += base * layer.count
+            flops = sum(by_algo["direct"].flops * layer.count for layer, by_algo in zip(layers, ops))
             for algo in algorithms:
-                summary = f"  weighted total {algo}: ours {tot_ours[algo] * 1e3:.2f} ms"
+                summary = (f"  weighted total {algo}: ours {tot_ours[algo] * 1e3:.2f} ms"
+                           f" ({flops / tot_ours[algo] / 1e9:.1f} GF/s)")
                 if tv:
                     summary += f", torch {tot_torch * 1e3:.2f} ms, ours/torch {tot_ours[algo] / tot_torch:.2f}"
                 log(summary)

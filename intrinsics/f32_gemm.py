@@ -13,10 +13,9 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from microkernels import AVX2, AVX512, GemmKernel, Isa, TileError
-from microkernels.isa import positive_int
+from microkernels.isa import MAX_ELEMENTS, positive_int
 
 _REGISTERED: list[str] = []
-MAX_INDEX = 2**31 - 1  # TIR indexes buffers with int32
 
 
 def intrin_name(kern: GemmKernel, k: int) -> str:
@@ -97,9 +96,9 @@ def _implementation(kern: GemmKernel, kk: int):
 def register(kern: GemmKernel, k: int) -> str:
     """Register (once) the intrinsic of `kern` with reduction length `k`; return its name."""
     k = positive_int("K", k, TileError, minimum=2)  # TIR drops unit loops: a K = 1 block never matches
-    if k * max(kern.mr, kern.nr) > MAX_INDEX:
+    if k * max(kern.mr, kern.nr) > MAX_ELEMENTS:
         raise TileError(f"K={k} makes a {kern.mr}x{k} or {k}x{kern.nr} operand too large for TIR's int32 "
-                        f"index arithmetic (at most {MAX_INDEX} elements)")
+                        f"index arithmetic (at most {MAX_ELEMENTS} elements)")
     if kern.mr < 2:
         raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
                         "loops, so an MR = 1 block can never match the description)")

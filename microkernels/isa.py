@@ -143,6 +143,11 @@ def best_host_isa() -> Isa:
     )
 
 
+# TVM indexes buffers with int32 arithmetic: a buffer of more elements than this fails deep in
+# the compiler ("Literal value ... exceeds range of int32"); every layer refuses it first.
+MAX_ELEMENTS = 2**31 - 1
+
+
 def positive_int(label: str, value, error: type[Exception] = ValueError, minimum: int = 1) -> int:
     """`value` as an int if it is an integer (Python or numpy, not bool) of at least `minimum`;
     otherwise `error` naming `label`."""

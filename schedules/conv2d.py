@@ -424,6 +424,7 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
     mr, nr = DEFAULT_TILES[isa.name]
     g = geometry(data_shape, weight_shape, stride, padding, dilation, groups, block=nr)
+    pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
     reason = None
     if algorithm != "direct":
         from . import winograd  # it builds on this module
@@ -433,10 +434,10 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         elif tile is None:
             tile = 4
         if tile is not None:
-            op = winograd.conv2d_winograd(g, isa, tile, threads or os.cpu_count() or 1, blocking, threads)
+            op = winograd.conv2d_winograd(g, isa, tile, pool, blocking, threads)
             op.plan["reason"] = reason or "algorithm='winograd'"
             return op
-    vh, band_parallel = _bands(g, blocking, threads or os.cpu_count() or 1)
+    vh, band_parallel = _bands(g, blocking, pool)
     text, tiles = _render(g, isa, mr, vh, band_parallel)
     func = parser.parse(text, extra_vars={"T": T})
     sch = s_tir.Schedule(func)

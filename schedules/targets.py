@@ -8,6 +8,7 @@ import numpy as np
 import tvm_ffi
 
 from microkernels import ARM_ISAS, ISAS, Isa, best_host_isa
+from microkernels.isa import MAX_ELEMENTS
 
 PRESETS = {"x86-avx512": "avx512", "x86-avx2": "avx2",
            "armv7-neon": "neon", "aarch64-neon": "aarch64", "aarch64-dotprod": "aarch64dot"}
@@ -45,9 +46,6 @@ def require_host(isa: Isa) -> None:
         )
 
 
-# TVM indexes buffers with int32 arithmetic: a buffer of 2**31 elements or more fails deep in
-# the compiler ("Literal value ... exceeds range of int32"), so entry points refuse it first.
-MAX_ELEMENTS = 2**31 - 1
 # More pool threads than this is a mistake, not a machine: TVM's pool fails at call time.
 MAX_THREADS = 1024
 

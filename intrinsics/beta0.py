@@ -3,7 +3,8 @@
 Tensorizing a reduction block (one with a `T.init()`) onto an intrinsic keeps the block's init:
 a zero fill of the output tile before every kernel call. A beta=0 kernel overwrites its whole
 tile, so that fill is dead, but LLVM does not always see it (the kernel's stores come after its
-K loop): in the direct conv it survived as one memset per output tile. `drop_dead_inits`
+K loop): it survived as one memset per output tile. The Winograd GEMM tiles use this; the
+direct conv's tiles are spatial blocks with no init (intrinsics.f32_conv). `drop_dead_inits`
 removes the init of the blocks it is told about, which must be exactly blocks tensorized onto
 a beta=0 (overwriting) intrinsic; their reads of the output then never happen, so the TIR
 reads as an accumulation into a tile the kernel overwrites, which is what the call does.

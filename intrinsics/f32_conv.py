@@ -1,10 +1,19 @@
 """TensorIntrins for one output tile of a direct convolution on the batch-reduce GEMM tile.
 
 Description, for an MR x NR output tile (MR output pixels of one row, NR output channels):
-    C[m, j] = sum over (q, r, s, i) of A[q, r*dh, m*sw + s*dw, i] * B[q, r, s, i, j]
+    C[m, j] = act(sum over (q, r, s, i) of A[q, r*dh, m*sw + s*dw, i] * B[q, r, s, i, j]
+                  + Bias[j] + R[m, j])
 A is a window of NCHWc input (input-channel blocks q, rows, columns, channels i of a block),
-B the tile's slice of OIHWio weights, C a row of NCHWc output. The whole reduction runs inside
-one kernel call (beta=0, so there is no separate init pass), which is what keeps C in registers.
+B the tile's slice of OIHWio weights, C a row of NCHWc output; Bias, the residual R and act
+(ReLU, or a clip to fixed bounds) are the kernel's epilogue and each is optional. The whole
+reduction runs inside one kernel call (beta=0, so there is no separate init pass), which is
+what keeps C in registers until its one store.
+
+The description is a spatial block per output element whose body runs the reduction as plain
+loops and then the epilogue: a TIR reduction block cannot apply anything after its last
+update, and an epilogue block of its own would be a second pass over C. Tensorize compares
+the loops and statements inside the block as they are, so the convolution schedule renders
+its blocks in exactly this form (`element_body`).
 
 Loops of extent 1 are left out of the description: TIR drops them from the blocks it builds,
 and a description that kept them would never match. The TVMScript is therefore rendered as
@@ -23,6 +32,8 @@ from tvm.script import tirx as T
 
 from microkernels import GemmKernel, TileError
 from microkernels.isa import normalize_ints
+
+DEFAULT_CLIP = (0.0, 6.0)  # ReLU6
 
 _REGISTERED: list[str] = []
 
@@ -45,6 +56,7 @@ class ConvTile:
     sw: int = 1  # stride along the width
     dh: int = 1  # dilation
     dw: int = 1
+    clip: tuple[float, float] = DEFAULT_CLIP  # bounds, when the kernel's epilogue clips
 
     def __post_init__(self):
         if not self.kern.batch_reduce or self.kern.accumulate:
@@ -54,10 +66,15 @@ class ConvTile:
             raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
         if not self.reduce_axes():
             raise TileError("a conv tile must reduce over more than one element")
+        lo, hi = self.clip
+        if not lo < hi:
+            raise TileError(f"clip bounds must satisfy lo < hi, got {self.clip}")
+        object.__setattr__(self, "clip", (float(lo), float(hi)))
 
     @property
     def name(self) -> str:
-        return (f"{self.kern.name}_conv_q{self.nb}_k{self.kh}x{self.kw}_c{self.bi}"
+        clip = f"_{self.clip[0]:g}to{self.clip[1]:g}" if self.kern.epilogue.act == "clip" else ""
+        return (f"{self.kern.name}{clip}_conv_q{self.nb}_k{self.kh}x{self.kw}_c{self.bi}"
                 f"_s{self.sw}_d{self.dh}x{self.dw}")
 
     @property
@@ -83,14 +100,48 @@ class ConvTile:
         return (get("q"), get("r"), get("s"), get("i"), v["j"])
 
 
+def element_body(c_ref: str, a_ref: str, b_ref: str, red: list[tuple[str, int]], indent: str,
+                 bias_ref: str | None = None, res_ref: str | None = None, act: str | None = None,
+                 clip: tuple[float, float] = DEFAULT_CLIP) -> list[str]:
+    """TVMScript of one output element: zero, the reduction loops over `red`, the epilogue.
+
+    The single spelling of the statement sequence, used by the description here and by the
+    convolution schedule's blocks, which tensorize can only match if they are identical.
+    """
+    lines = [f"{indent}{c_ref} = T.float32(0)"]
+    if red:
+        lines.append(f"{indent}for {', '.join(n for n, _ in red)} in T.grid({', '.join(str(e) for _, e in red)}):")
+        lines.append(f"{indent}    {c_ref} = {c_ref} + {a_ref} * {b_ref}")
+    else:
+        lines[0] = f"{indent}{c_ref} = {a_ref} * {b_ref}"
+    value = epilogue_expr(c_ref, bias_ref, res_ref, act, clip)
+    if value != c_ref:
+        lines.append(f"{indent}{c_ref} = {value}")
+    return lines
+
+
+def epilogue_expr(value: str, bias_ref: str | None = None, res_ref: str | None = None, act: str | None = None,
+                  clip: tuple[float, float] = DEFAULT_CLIP) -> str:
+    """TVMScript of the epilogue applied to `value`, in the kernel's order: + bias, + residual, act."""
+    if bias_ref:
+        value = f"{value} + {bias_ref}"
+    if res_ref:
+        value = f"{value} + {res_ref}"
+    if act == "relu":
+        value = f"T.max({value}, T.float32(0))"
+    elif act == "clip":
+        value = f"T.min(T.max({value}, T.float32({clip[0]!r})), T.float32({clip[1]!r}))"
+    return value
+
+
 def _render(tile: ConvTile, impl: bool) -> str:
     mr, nr = tile.kern.mr, tile.kern.nr
+    ep = tile.kern.epilogue
     ah, aw = tile.window
     a_shape = (tile.nb, ah, aw, tile.bi)
     b_shape = (tile.nb, tile.kh, tile.kw, tile.bi, nr)
     axes = tile.reduce_axes()
-    names = [n for n, _ in axes]
-    v = {n: f"v{n}" for n in ["m", "j"] + names}
+    v = {n: n for n, _ in axes} | {"m": "vm", "j": "vj"}
     a_idx = ", ".join(tile.a_index(v))
     b_idx = ", ".join(tile.b_index(v))
     a_region = ", ".join(f"0:{e}" for e in a_shape)
@@ -98,19 +149,33 @@ def _render(tile: ConvTile, impl: bool) -> str:
     # Pixels of a row are `bi` apart (NCHWc), which lets the kernel run (s, i) as one stretch.
     strides = f"[s1, s2, {tile.bi}, 1]" if impl else f"[T.int32(), T.int32(), {tile.bi}, 1]"
     c_strides = "[sc, 1]" if impl else "[T.int32(), 1]"
+    r_strides = "[sr, 1]" if impl else "[T.int32(), 1]"
+    params = ["a: T.handle", "b: T.handle"] + (["bias: T.handle"] if ep.bias else []) \
+        + (["r: T.handle"] if ep.residual else []) + ["c: T.handle"]
     lines = [
         "@T.prim_func(s_tir=True)",
-        "def f(a: T.handle, b: T.handle, c: T.handle):",
+        f"def f({', '.join(params)}):",
     ]
     if impl:
-        lines += ["    s1 = T.int32()", "    s2 = T.int32()", "    sc = T.int32()"]
+        lines += ["    s1 = T.int32()", "    s2 = T.int32()", "    sc = T.int32()"] + (["    sr = T.int32()"] if ep.residual else [])
     lines += [
         f"    A = T.match_buffer(a, {a_shape}, 'float32', offset_factor=1, strides={strides})",
         # B is compact: the kernel walks the weights of the whole reduction as one run.
         f"    B = T.match_buffer(b, {b_shape}, 'float32', offset_factor=1)",
+    ]
+    # In the order TIR infers them for the element block (C is read by the reduction), which
+    # is what the block tensorize builds around the workload's loops lists.
+    reads = [f"C[0:{mr}, 0:{nr}]", f"A[{a_region}]", f"B[{b_region}]"]
+    if ep.bias:
+        lines.append(f"    Bias = T.match_buffer(bias, ({nr},), 'float32', offset_factor=1)")
+        reads.append(f"Bias[0:{nr}]")
+    if ep.residual:
+        lines.append(f"    R = T.match_buffer(r, ({mr}, {nr}), 'float32', offset_factor=1, strides={r_strides})")
+        reads.append(f"R[0:{mr}, 0:{nr}]")
+    lines += [
         f"    C = T.match_buffer(c, ({mr}, {nr}), 'float32', offset_factor=1, strides={c_strides})",
         "    with T.sblock('root'):",
-        f"        T.reads(A[{a_region}], B[{b_region}])",
+        f"        T.reads({', '.join(reads)})",
         f"        T.writes(C[0:{mr}, 0:{nr}])",
     ]
     if impl:
@@ -118,26 +183,22 @@ def _render(tile: ConvTile, impl: bool) -> str:
         # steps in one go instead of kw runs of bi.
         bi = tile.bi
         k_run, n3, sa3 = (tile.kw * bi, 1, 0) if tile.dw == 1 else (bi, tile.kw, bi * tile.dw)
+        extra = (", Bias.access_ptr('r')" if ep.bias else "") + (", R.access_ptr('r'), sr" if ep.residual else "") \
+            + (f", T.float32({tile.clip[0]!r}), T.float32({tile.clip[1]!r})" if ep.act == "clip" else "")
         lines += [
             "        with T.attr(0, 'pragma_import_llvm', kernel_ir):",
             f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {bi * tile.sw},"
             f" B.access_ptr('r'), {nr}, C.access_ptr('w'), sc, {k_run}, {tile.nb}, s1, {tile.kh}, s2 * {tile.dh},"
-            f" {n3}, {sa3}))",
+            f" {n3}, {sa3}{extra}))",
         ]
     else:
-        loop_vars = ", ".join(["m", "j"] + names)
-        extents = ", ".join(str(e) for e in [mr, nr] + [e for _, e in axes])
         lines += [
-            f"        for {loop_vars} in T.grid({extents}):",
+            f"        for m, j in T.grid({mr}, {nr}):",
             "            with T.sblock('update'):",
-            f"                {', '.join(v[n] for n in ['m', 'j'] + names)} = "
-            f"T.axis.remap('SS{'R' * len(names)}', [{loop_vars}])",
-            f"                T.reads(C[vm, vj], A[{a_idx}], B[{b_idx}])",
-            "                T.writes(C[vm, vj])",
-            "                with T.init():",
-            "                    C[vm, vj] = T.float32(0)",
-            f"                C[vm, vj] = C[vm, vj] + A[{a_idx}] * B[{b_idx}]",
+            "                vm, vj = T.axis.remap('SS', [m, j])",
         ]
+        lines += element_body("C[vm, vj]", f"A[{a_idx}]", f"B[{b_idx}]", axes, " " * 16,
+                              "Bias[vj]" if ep.bias else None, "R[vm, vj]" if ep.residual else None, ep.act, tile.clip)
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,12 @@ convolution on NCHWc data alike; columns are unit stride.
 Signature of every generated kernel (all strides in elements):
     void mk_f32_gemm_<MR>x<NR>_<isa>[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k)
 
+An epilogue (oneDNN's post-ops) may follow the last K step, applied to the register tile
+before its one store, so a fused layer writes its output once:
+    C = act(acc + bias[j] + R[i, j]),   act: none, relu (max with 0) or clip (to [lo, hi])
+Each part is optional and adds arguments after the kernel's own, in this order:
+    ptr bias (NR floats) | ptr r, i32 ldr (residual tile, row stride ldr) | float lo, float hi
+
 The batch-reduce variant (oneDNN's brgemm) sums n1*n2*n3 such products into one register tile,
 C (+)= sum over (i1, i2, i3) of A[a + i1*sa1 + i2*sa2 + i3*sa3] @ B_(i1,i2,i3), where the B
 panels follow one another in memory (each k*ldb long). A direct convolution is exactly this
@@ -28,6 +34,32 @@ class TileError(ValueError):
     """A tile shape the ISA cannot hold in registers, or that is malformed."""
 
 
+ACTIVATIONS = (None, "relu", "clip")
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What happens to the finished accumulators before their store (module doc)."""
+
+    bias: bool = False
+    residual: bool = False
+    act: str | None = None  # None, "relu" or "clip" (bounds are kernel arguments)
+
+    def __post_init__(self):
+        if self.act not in ACTIVATIONS:
+            raise TileError(f"epilogue activation must be one of {ACTIVATIONS}, got {self.act!r}")
+
+    def __bool__(self) -> bool:
+        return self.bias or self.residual or self.act is not None
+
+    @property
+    def suffix(self) -> str:
+        return "".join(f"_{p}" for p, on in (("bias", self.bias), ("res", self.residual), (self.act, self.act)) if on)
+
+
+NO_EPILOGUE = Epilogue()
+
+
 @dataclass(frozen=True)
 class GemmKernel:
     isa: Isa
@@ -35,10 +67,13 @@ class GemmKernel:
     nr: int
     accumulate: bool = True  # False: the beta=0 variant, C is overwritten
     batch_reduce: bool = False  # True: sum a 3-deep strided batch of A blocks (see module doc)
+    epilogue: Epilogue = NO_EPILOGUE
 
     def __post_init__(self):
         normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
         check_tile(self.isa, self.mr, self.nr)
+        if not isinstance(self.epilogue, Epilogue):
+            raise TileError(f"epilogue must be an Epilogue, got {type(self.epilogue).__name__}")
 
     @property
     def vectors_per_row(self) -> int:
@@ -52,7 +87,7 @@ class GemmKernel:
     def name(self) -> str:
         op = "brgemm" if self.batch_reduce else "gemm"
         suffix = "" if self.accumulate else "_beta0"
-        return f"mk_f32_{op}_{self.mr}x{self.nr}_{self.isa.name}{suffix}"
+        return f"mk_f32_{op}_{self.mr}x{self.nr}_{self.isa.name}{suffix}{self.epilogue.suffix}"
 
     def llvm_ir(self) -> str:
         return _generate_batched(self) if self.batch_reduce else _generate(self)
@@ -122,13 +157,61 @@ def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]
     return out
 
 
+def _epilogue_params(kern: GemmKernel) -> str:
+    e = kern.epilogue
+    return "".join([", ptr noalias %bias" if e.bias else "", ", ptr noalias %r, i32 %ldr" if e.residual else "",
+                    ", float %lo, float %hi" if e.act == "clip" else ""])
+
+
+def _store(kern: GemmKernel, value, cp) -> list[str]:
+    """The tile's one store, after the epilogue. value(i, j) / cp(i, j): the finished
+    accumulator and the C address of vector j of row i."""
+    e, nv, lanes, vt = kern.epilogue, kern.vectors_per_row, kern.isa.lanes, kern.isa.vector_type
+    out = []
+    if e.residual:
+        out.append("  %ldr64 = sext i32 %ldr to i64")
+    if e.bias:  # one load per column vector, shared by every row
+        for j in range(nv):
+            out.append(f"  %biasp{j} = getelementptr inbounds float, ptr %bias, i64 {j * lanes}")
+            out.append(f"  %biasv{j} = load {vt}, ptr %biasp{j}, align 4")
+    if e.act == "clip":
+        for b in ("lo", "hi"):
+            out.append(f"  %{b}i = insertelement {vt} poison, float %{b}, i64 0")
+            out.append(f"  %{b}v = shufflevector {vt} %{b}i, {vt} poison, <{lanes} x i32> zeroinitializer")
+    for i in range(kern.mr):
+        for j in range(nv):
+            x = value(i, j)
+            if e.bias:
+                out.append(f"  %eb{i}_{j} = fadd {vt} {x}, %biasv{j}")
+                x = f"%eb{i}_{j}"
+            if e.residual:
+                out.append(f"  %ro{i}_{j} = mul i64 {i}, %ldr64")
+                out.append(f"  %roj{i}_{j} = add i64 %ro{i}_{j}, {j * lanes}")
+                out.append(f"  %rp{i}_{j} = getelementptr inbounds float, ptr %r, i64 %roj{i}_{j}")
+                out.append(f"  %rv{i}_{j} = load {vt}, ptr %rp{i}_{j}, align 4")
+                out.append(f"  %er{i}_{j} = fadd {vt} {x}, %rv{i}_{j}")
+                x = f"%er{i}_{j}"
+            if e.act is not None:
+                # x > lo ? x : lo is vmaxps's own semantics (a NaN gives lo), like TIR's max.
+                lo = "zeroinitializer" if e.act == "relu" else "%lov"
+                out.append(f"  %gt{i}_{j} = fcmp ogt {vt} {x}, {lo}")
+                out.append(f"  %ea{i}_{j} = select <{lanes} x i1> %gt{i}_{j}, {vt} {x}, {vt} {lo}")
+                x = f"%ea{i}_{j}"
+                if e.act == "clip":
+                    out.append(f"  %lt{i}_{j} = fcmp olt {vt} {x}, %hiv")
+                    out.append(f"  %ec{i}_{j} = select <{lanes} x i1> %lt{i}_{j}, {vt} {x}, {vt} %hiv")
+                    x = f"%ec{i}_{j}"
+            out.append(f"  store {vt} {x}, ptr {cp(i, j)}, align 4")
+    return out
+
+
 def _generate(kern: GemmKernel) -> str:
     mr, nv, lanes = kern.mr, kern.vectors_per_row, kern.isa.lanes
     vt = kern.isa.vector_type
     fma = f"@llvm.fma.v{lanes}f32"
     out = [
         f"define internal void @{kern.name}(ptr noalias %a, i32 %lda, ptr noalias %b, i32 %ldb,"
-        f" ptr noalias %c, i32 %ldc, i32 %k) alwaysinline {{",
+        f" ptr noalias %c, i32 %ldc, i32 %k{_epilogue_params(kern)}) alwaysinline {{",
         "entry:",
         "  %lda64 = sext i32 %lda to i64",
         "  %ldb64 = sext i32 %ldb to i64",
@@ -163,8 +246,7 @@ def _generate(kern: GemmKernel) -> str:
     tiles = [(i, j) for i in range(mr) for j in range(nv)]
     for i, j in tiles:
         out.append(f"  %res{i}_{j} = phi {vt} [{init(i, j)}, %entry], [%nacc{i}_{j}, %loop]")
-    for i, j in tiles:
-        out.append(f"  store {vt} %res{i}_{j}, ptr %cp{i}_{j}, align 4")
+    out += _store(kern, lambda i, j: f"%res{i}_{j}", lambda i, j: f"%cp{i}_{j}")
     out += [
         "  ret void",
         "}",
@@ -183,8 +265,8 @@ def _generate_batched(kern: GemmKernel) -> str:
     tiles = [(i, j) for i in range(mr) for j in range(nv)]
     out = [
         f"define internal void @{kern.name}(ptr noalias %a, i32 %lda, ptr noalias %b, i32 %ldb,"
-        " ptr noalias %c, i32 %ldc, i32 %k, i32 %n1, i32 %sa1, i32 %n2, i32 %sa2, i32 %n3, i32 %sa3)"
-        " alwaysinline {",
+        f" ptr noalias %c, i32 %ldc, i32 %k, i32 %n1, i32 %sa1, i32 %n2, i32 %sa2, i32 %n3, i32 %sa3"
+        f"{_epilogue_params(kern)}) alwaysinline {{",
         "entry:",
     ]
     for v in ("lda", "ldb", "ldc", "k", "n1", "sa1", "n2", "sa2", "n3", "sa3"):
@@ -240,7 +322,7 @@ def _generate_batched(kern: GemmKernel) -> str:
     ]
     for i, j in tiles:
         out.append(f"  %res{i}_{j} = load {vt}, ptr %slot{i}_{j}, align 32")
-        out.append(f"  store {vt} %res{i}_{j}, ptr %cp{i}_{j}, align 4")
+    out += _store(kern, lambda i, j: f"%res{i}_{j}", lambda i, j: f"%cp{i}_{j}")
     out += [
         "  ret void",
         "}",

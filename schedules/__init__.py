@@ -1,8 +1,8 @@
 """Schedules that tensorize onto the intrinsics, and the public entry points."""
 
 from . import layouts
-from .conv2d import Conv2dOp, ConvBlocking, conv2d
+from .conv2d import Conv2dOp, ConvBlocking, PostOps, conv2d
 from .matmul import Blocking, MatmulOp, matmul
 from .targets import PRESETS, UnsupportedHostError, resolve
 
-__all__ = ["Blocking", "Conv2dOp", "ConvBlocking", "conv2d", "layouts", "MatmulOp", "PRESETS", "UnsupportedHostError", "matmul", "resolve"]
+__all__ = ["Blocking", "Conv2dOp", "ConvBlocking", "conv2d", "layouts", "MatmulOp", "PostOps", "PRESETS", "UnsupportedHostError", "matmul", "resolve"]

@@ -27,9 +27,8 @@ from tvm import s_tir
 from tvm.script import parser
 from tvm.script import tirx as T
 
-from intrinsics.beta0 import drop_dead_inits
-from intrinsics.f32_conv import ConvTile, reduce_axes, register_conv
-from microkernels import DEFAULT_TILES, GemmKernel, Isa
+from intrinsics.f32_conv import DEFAULT_CLIP, ConvTile, element_body, reduce_axes, register_conv
+from microkernels import DEFAULT_TILES, NO_EPILOGUE, Epilogue, GemmKernel, Isa
 
 from . import layouts
 from .compiled import CompiledOp
@@ -150,6 +149,10 @@ class Geometry:
         return (self.n, self.groups * self.ob, *self.out_hw, self.block)
 
     @property
+    def bias_shape(self) -> tuple:  # per output block: NCHWc's channel order
+        return (self.groups * self.ob, self.block)
+
+    @property
     def flops(self) -> int:
         oh, ow = self.out_hw
         return 2 * self.n * self.o * oh * ow * self.cg * self.kh * self.kw
@@ -157,6 +160,60 @@ class Geometry:
     @property
     def padded(self) -> bool:
         return any(self.pad)
+
+
+ACTIVATIONS = (None, "relu", "clip")
+
+
+@dataclass(frozen=True)
+class PostOps:
+    """What a conv2d applies to its output tiles before their one store (oneDNN's post-ops):
+    out = act(conv + bias[o] + residual), each part optional, act None, "relu" or "clip" (to
+    the `clip` bounds; (0, 6) is ReLU6). The layer takes the extra inputs in this order:
+    data, weight, bias (op.pack_bias), residual (blocked output shape)."""
+
+    bias: bool = False
+    residual: bool = False
+    activation: str | None = None
+    clip: tuple[float, float] = DEFAULT_CLIP
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        for label, v in (("bias", self.bias), ("residual", self.residual)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{label} must be True or False, got {v!r}")
+        try:
+            lo, hi = (float(b) for b in self.clip)
+        except (TypeError, ValueError):
+            raise ValueError(f"clip must be two numbers (lo, hi), got {self.clip!r}") from None
+        if not lo < hi:
+            raise ValueError(f"clip bounds must satisfy lo < hi, got {self.clip!r}")
+        object.__setattr__(self, "clip", (lo, hi))
+
+    @property
+    def epilogue(self) -> Epilogue:
+        return Epilogue(self.bias, self.residual, self.activation) if self else NO_EPILOGUE
+
+    def __bool__(self) -> bool:
+        return self.bias or self.residual or self.activation is not None
+
+    def params(self, g: "Geometry") -> str:
+        return ((f" Bias: T.Buffer({g.bias_shape}, 'float32')," if self.bias else "")
+                + (f" Res: T.Buffer({g.out_shape}, 'float32')," if self.residual else ""))
+
+    def band_reads(self, g: "Geometry", rows: int | None = None) -> str:
+        """Extra T.reads of a block covering output rows [vyb*rows, +rows) (all rows: None)."""
+        out = ""
+        if self.bias:
+            out += f", Bias[0:{g.bias_shape[0]}, 0:{g.block}]"
+        if self.residual:
+            span = f"vyb * {rows}:vyb * {rows} + {rows}" if rows else f"0:{g.out_hw[0]}"
+            out += f", Res[vn, 0:{g.out_shape[1]}, {span}, 0:{g.out_hw[1]}, 0:{g.block}]"
+        return out
+
+
+NO_POST_OPS = PostOps()
 
 
 def _segments(ow: int, mr: int) -> list[tuple[int, int, int]]:
@@ -206,7 +263,8 @@ def _bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool
     return vh, True
 
 
-def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tuple[str, list[tuple[str, ConvTile]]]:
+def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool,
+            post: "PostOps") -> tuple[str, list[tuple[str, ConvTile]]]:
     """TVMScript of the whole layer, and the (block name, tile) pairs to tensorize."""
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
@@ -219,7 +277,7 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
     L = [
         "@T.prim_func(s_tir=True)",
         f"def main(D: T.Buffer({g.data_shape}, 'float32'), Wt: T.Buffer({g.weight_shape}, 'float32'),"
-        f" Out: T.Buffer({g.out_shape}, 'float32')):",
+        f"{post.params(g)} Out: T.Buffer({g.out_shape}, 'float32')):",
         "    T.func_attr({'tirx.noalias': True})",
         f"    for n, yb in T.grid({g.n}, {nbands}):" if not band_parallel
         else f"    for nyb in T.parallel({g.n * nbands}):",
@@ -232,7 +290,7 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
         L.append("            vn, vyb = T.axis.remap('SS', [n, yb])")
     full = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
     # Spelled out: inferred, the band's reads would name its own scratch buffer P.
-    L.append(f"            T.reads(D[vn, {full(g.data_shape[1:])}], Wt[{full(g.weight_shape)}])")
+    L.append(f"            T.reads(D[vn, {full(g.data_shape[1:])}], Wt[{full(g.weight_shape)}]{post.band_reads(g, vh)})")
     L.append(f"            T.writes(Out[vn, 0:{g.out_shape[1]}, vyb * {vh}:vyb * {vh} + {vh}, {full(g.out_shape[3:])}])")
     if g.padded:
         L += [
@@ -250,18 +308,16 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
     L.append(f"                for yi in T.serial({vh}):")
     tensorized = []
     axes = reduce_axes(g.nb, g.kh, g.kw, bi)
-    red = [a for a, _ in axes]
-    v = {a: f"v{a}" for a in red}
+    ep = post.epilogue
     for si, (start, count, t) in enumerate(_segments(ow, mr)):
         name = f"conv_{si}"
         # A one-pixel row or a one-element reduction (a 1x1 depthwise layer) has no tile to
         # run; that block stays plain TIR.
         tile = None
         if t >= 2 and axes:
-            kern = GemmKernel(isa, t, bo, accumulate=False, batch_reduce=True)
-            tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw)
-        loops = ["tt", "m", "j"] + red if t >= 2 else ["tt", "j"] + red
-        exts = [count, t, bo] + [e for _, e in axes] if t >= 2 else [count, bo] + [e for _, e in axes]
+            kern = GemmKernel(isa, t, bo, accumulate=False, batch_reduce=True, epilogue=ep)
+            tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw, post.clip)
+        loops, exts = (["tt", "m", "j"], [count, t, bo]) if t >= 2 else (["tt", "j"], [count, bo])
         L.append(f"                    for {', '.join(loops)} in T.grid({', '.join(map(str, exts))}):")
         L.append(f"                        with T.sblock('{name}'):")
         L.append("                            vo, vyi = T.axis.remap('SS', [o, yi])")
@@ -271,8 +327,9 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
         if t >= 2:
             L.append(f"                            vm = T.axis.spatial({t}, m)")
         L.append(f"                            vj = T.axis.spatial({bo}, j)")
-        for a, e in axes:
-            L.append(f"                            v{a} = T.axis.reduce({e}, {a})")
+        # The reduction runs as plain loops inside the block, then the epilogue: the form of
+        # the tile's description (intrinsics.f32_conv.element_body).
+        v = {a: a for a, _ in axes}
         qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""
         q = f"{qg}{v.get('q', '0')}"
         vx = "vx0 + vm" if t >= 2 else "vx0"
@@ -285,14 +342,9 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool) -> tup
             a_ref = f"D[vn, {q}, {row}, {col}, {v.get('i', '0')}]"
         w_ref = f"Wt[vo, {v.get('q', '0')}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
         out_ref = f"Out[vn, vo, vyb * {vh} + vyi, {vx}, vj]"
-        if axes:
-            L += [
-                "                            with T.init():",
-                f"                                {out_ref} = T.float32(0)",
-                f"                            {out_ref} = {out_ref} + {a_ref} * {w_ref}",
-            ]
-        else:
-            L.append(f"                            {out_ref} = {a_ref} * {w_ref}")
+        res_ref = f"Res[vn, vo, vyb * {vh} + vyi, {vx}, vj]" if ep.residual else None
+        L += element_body(out_ref, a_ref, w_ref, axes, " " * 28, "Bias[vo, vj]" if ep.bias else None,
+                          res_ref, ep.act, post.clip)
         if tile:
             tensorized.append((name, tile))
     return "\n".join(L) + "\n", tensorized
@@ -307,9 +359,9 @@ class Conv2dOp(CompiledOp):
     `op.run_blocked(data_nchwc, packed_weight)`, which returns the NCHW[y]c output.
     """
 
-    def __init__(self, geometry: Geometry, isa: Isa, lib, threads, plan: dict):
+    def __init__(self, geometry: Geometry, isa: Isa, lib, threads, plan: dict, post: PostOps = NO_POST_OPS):
         super().__init__(isa, lib, threads)
-        self.geometry, self.plan = geometry, plan
+        self.geometry, self.plan, self.post = geometry, plan, post
 
     @property
     def flops(self) -> int:
@@ -342,21 +394,49 @@ class Conv2dOp(CompiledOp):
         check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
         return layouts.pack_weights(weight, g.bi, g.block, g.groups)
 
-    def _args(self, data_b, weight_b):
+    def pack_bias(self, bias: np.ndarray) -> np.ndarray:
+        """(O,) -> (groups*OB, block), each group's channels zero-padded like the output."""
+        g = self.geometry
+        check_array("bias", bias, (g.o,), "float32")
+        full = np.zeros((g.groups, g.ob * g.block), np.float32)
+        full[:, :g.og] = bias.reshape(g.groups, g.og)
+        return full.reshape(g.bias_shape)
+
+    def _args(self, data_b, weight_b, bias_b=None, residual_b=None):
         check_array("data", data_b, self.blocked_data_shape, "float32")
         check_array("weight", weight_b, self.blocked_weight_shape, "float32")
-        return self._tensors((data_b, weight_b), self.blocked_out_shape)
+        extra = []
+        for label, arr, on, shape in (("bias", bias_b, self.post.bias, self.geometry.bias_shape),
+                                      ("residual", residual_b, self.post.residual, self.blocked_out_shape)):
+            if on != (arr is not None):
+                raise ValueError(f"this conv2d was compiled {'with' if on else 'without'} a {label}: "
+                                 f"{'pass' if on else 'do not pass'} {label}= ({self._post_hint()})")
+            if on:
+                check_array(label, arr, shape, "float32")
+                extra.append(arr)
+        return self._tensors((data_b, weight_b, *extra), self.blocked_out_shape)
 
-    def run_blocked(self, data_b: np.ndarray, weight_b: np.ndarray) -> np.ndarray:
-        return self._run(self._args(data_b, weight_b))
+    def _post_hint(self) -> str:
+        p = self.post
+        return f"bias={p.bias}, residual={p.residual}, activation={p.activation!r}"
 
-    def __call__(self, data: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return self.from_blocked(self.run_blocked(self.to_blocked(data), self.pack_weights(weight)))
+    def run_blocked(self, data_b: np.ndarray, weight_b: np.ndarray, bias=None, residual=None) -> np.ndarray:
+        """Blocked in, blocked out. bias: op.pack_bias(b); residual: blocked output shape."""
+        return self._run(self._args(data_b, weight_b, bias, residual))
 
-    def time(self, data_b, weight_b, number=10, repeat=5, cold=False) -> list[float]:
+    def __call__(self, data: np.ndarray, weight: np.ndarray, bias=None, residual=None) -> np.ndarray:
+        """NCHW data, OIHW weights, bias (O,), residual NCHW of the output's shape."""
+        g = self.geometry
+        bias_b = None if bias is None else self.pack_bias(bias)
+        if residual is not None:
+            check_array("residual", residual, (g.n, g.o, *g.out_hw), "float32")
+            residual = layouts.to_nchwc(residual, g.block, g.groups)
+        return self.from_blocked(self.run_blocked(self.to_blocked(data), self.pack_weights(weight), bias_b, residual))
+
+    def time(self, data_b, weight_b, number=10, repeat=5, cold=False, bias=None, residual=None) -> list[float]:
         """Seconds per call on blocked arrays, one entry per repeat (cold: caches flushed
         before each repeat, so use number=1)."""
-        return self._time(self._args(data_b, weight_b), number, repeat, cold)
+        return self._time(self._args(data_b, weight_b, bias, residual), number, repeat, cold)
 
 
 def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, block=16) -> Geometry:
@@ -385,7 +465,7 @@ def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
            target="native", algorithm="auto", threads=None,
            blocking: ConvBlocking = ConvBlocking(), input_zero_point=None, weight_zero_point=None,
-           weight_dtype=None, tile=None):
+           weight_dtype=None, tile=None, bias=False, residual=False, activation=None, clip=DEFAULT_CLIP):
     """Compile a conv2d for NCHW data of `data_shape` and OIHW weights of `weight_shape`.
 
     stride, dilation: int or (h, w). padding: int, (h, w) or (top, left, bottom, right).
@@ -397,9 +477,41 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     algorithm (float32, x86): "auto" (Winograd where it applies and measured faster, else
     direct; op.plan says which and why), "direct", or "winograd" with tile = 2, 4 or 6
     (F(tile x tile, 3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only).
+    bias, residual, activation, clip (float32, x86): post-ops fused into the output tiles'
+    store (PostOps): out = activation(conv + bias + residual), activation None, "relu" or
+    "clip" (to `clip`, ReLU6 by default); the op then takes op(data, weight, bias=, residual=).
     Returns a Conv2dOp (x86; a WinogradConv2dOp for Winograd) or an Int8Conv2dOp (ARM):
     op(data, weight) -> NCHW output.
     """
+    return schedule(data_shape, weight_shape, stride, padding, dilation, groups, dtype, target, algorithm, threads,
+                    blocking, input_zero_point, weight_zero_point, weight_dtype, tile, bias, residual, activation,
+                    clip).build()
+
+
+@dataclass
+class Scheduled:
+    """A float32 conv2d scheduled and tensorized but not compiled: what the Relax integration
+    puts into a model (`mod["main"]`), and what `build` compiles into an operator."""
+
+    cls: type
+    geometry: Geometry
+    isa: Isa
+    mod: tvm.IRModule
+    plan: dict
+    post: PostOps
+    threads: int | None
+
+    def build(self) -> Conv2dOp:
+        return self.cls(self.geometry, self.isa, tvm.compile(self.mod, target=self.isa.target), self.threads,
+                        self.plan, self.post)
+
+
+def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
+             target="native", algorithm="auto", threads=None, blocking: ConvBlocking = ConvBlocking(),
+             input_zero_point=None, weight_zero_point=None, weight_dtype=None, tile=None, bias=False,
+             residual=False, activation=None, clip=DEFAULT_CLIP):
+    """conv2d's checks and planning without the compile (same arguments): a Scheduled on the
+    x86 float32 targets; on ARM the compiled Int8Conv2dOp, whose build() returns itself."""
     if algorithm not in ("auto", "direct", "winograd"):
         raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
     if tile is not None and algorithm != "winograd":
@@ -413,6 +525,8 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
             raise ValueError("algorithm='winograd' is an x86 float32 path; the ARM targets run the quantized spatial pack")
         if weight_dtype is None:
             weight_dtype = "int16" if dtype == "int16" else "int8"
+        if bias or residual or activation is not None:
+            raise ValueError("bias, residual and activation are fused on the x86 float32 conv2d only")
         zps = (0 if input_zero_point is None else input_zero_point, 0 if weight_zero_point is None else weight_zero_point)
         g = geometry(data_shape, weight_shape, stride, padding, dilation, groups, block=conv_kernel(isa).nr)
         return conv2d_int8(g, isa, dtype, weight_dtype, *zps)
@@ -422,6 +536,7 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         raise ValueError(f"dtype {dtype!r} is not supported on x86 targets; use 'float32'{hint}")
     if input_zero_point is not None or weight_zero_point is not None or weight_dtype is not None:
         raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
+    post = PostOps(bias, residual, activation, clip)
     mr, nr = DEFAULT_TILES[isa.name]
     g = geometry(data_shape, weight_shape, stride, padding, dilation, groups, block=nr)
     pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
@@ -434,21 +549,19 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
         elif tile is None:
             tile = 4
         if tile is not None:
-            op = winograd.conv2d_winograd(g, isa, tile, pool, blocking, threads)
-            op.plan["reason"] = reason or "algorithm='winograd'"
-            return op
+            mod, plan = winograd.schedule_winograd(g, isa, tile, pool, blocking, post)
+            plan["reason"] = reason or "algorithm='winograd'"
+            return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post, threads)
     vh, band_parallel = _bands(g, blocking, pool)
-    text, tiles = _render(g, isa, mr, vh, band_parallel)
+    text, tiles = _render(g, isa, mr, vh, band_parallel, post)
     func = parser.parse(text, extra_vars={"T": T})
     sch = s_tir.Schedule(func)
     for name, tile in tiles:
         blk = sch.get_sblock(name)
         loops = sch.get_loops(blk)
-        sch.tensorize(loops[-(len(tile.reduce_axes()) + 2)], register_conv(tile))
+        sch.tensorize(loops[-2], register_conv(tile))  # the tile's (m, j) loops
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
-    # The tiles are beta=0: the zero fill tensorize keeps in front of each is dead.
-    lib = tvm.compile(drop_dead_inits(sch.mod, [f"{name}_o" for name, _ in tiles]), target=isa.target)
     plan = {"algorithm": "direct", "reason": reason or "algorithm='direct'", "mr": mr, "band_rows": vh, "band_parallel": band_parallel,
             "segments": _segments(g.out_hw[1], mr)}
-    return Conv2dOp(g, isa, lib, threads, plan)
+    return Scheduled(Conv2dOp, g, isa, sch.mod, plan, post, threads)

@@ -25,11 +25,12 @@ from tvm.script import tirx as T
 from intrinsics.beta0 import drop_dead_inits
 from intrinsics.f32_gemm import register as register_gemm
 from intrinsics.f32_wino import register as register_wino
+from intrinsics.f32_conv import epilogue_expr
 from intrinsics.f32_wino import value
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino
 
-from .conv2d import Conv2dOp, ConvBlocking, Geometry, _ceil_div, _segments
+from .conv2d import NO_POST_OPS, Conv2dOp, ConvBlocking, Geometry, PostOps, _ceil_div, _segments
 from .targets import check_array
 
 BLOCK = wino.BLOCK
@@ -98,7 +99,8 @@ def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[in
     return vt, False, True
 
 
-def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parallel: bool) -> tuple[str, list[tuple[str, str]]]:
+def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parallel: bool,
+            post: PostOps = NO_POST_OPS) -> tuple[str, list[tuple[str, str]]]:
     """TVMScript of the whole layer, and the (block name, intrinsic) pairs to tensorize."""
     oh, ow = g.out_hw
     alpha = m + 2
@@ -116,13 +118,13 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_paral
     L = [
         "@T.prim_func(s_tir=True)",
         f"def main(D: T.Buffer({g.data_shape}, 'float32'), U: T.Buffer({u_shape}, 'float32'),"
-        f" Out: T.Buffer({g.out_shape}, 'float32')):",
+        f"{post.params(g)} Out: T.Buffer({g.out_shape}, 'float32')):",
         "    T.func_attr({'tirx.noalias': True})",
         f"    for nb in T.{'parallel' if band_parallel else 'serial'}({g.n * nbands}):",
         "        with T.sblock('band'):",
         f"            vn = T.axis.spatial({g.n}, nb // {nbands})",
         f"            vb = T.axis.spatial({nbands}, nb % {nbands})",
-        f"            T.reads(D[vn, {full(g.data_shape[1:])}], U[{full(u_shape)}])",
+        f"            T.reads(D[vn, {full(g.data_shape[1:])}], U[{full(u_shape)}]{post.band_reads(g)})",
         f"            T.writes(Out[vn, {full(g.out_shape[1:])}])",
         f"            P = T.alloc_buffer(({cb}, {ph}, {pw}, {BLOCK}), 'float32')",
         f"            V = T.alloc_buffer(({alpha}, {alpha}, {nt}, {cp}), 'float32')",
@@ -143,7 +145,7 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_paral
         # the blocks.
         "                with T.sblock('oblock'):",
         "                    vo = T.axis.spatial(%d, o)" % ob,
-        f"                    T.reads(V[{full((alpha, alpha, nt, cp))}], U[vo, {full(u_shape[1:])}])",
+        f"                    T.reads(V[{full((alpha, alpha, nt, cp))}], U[vo, {full(u_shape[1:])}]{post.band_reads(g)})",
         f"                    T.writes(Out[vn, vo, {full(g.out_shape[2:])}])",
         f"                    M = T.alloc_buffer(({alpha}, {alpha}, {nt}, {BLOCK}), 'float32')",
         f"                    Y = T.alloc_buffer(({vt * m}, {tw * m}, {BLOCK}), 'float32')",
@@ -183,11 +185,20 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_paral
         "                    with T.sblock('store'):",
         "                        vy, vx, vc = T.axis.remap('SSS', [y, x, c])",
         f"                        T.where(vb * {vt * m} + y < {oh})",
-        f"                        Out[vn, vo, vb * {vt * m} + vy, vx, vc] = Y[vy, vx, vc]",
+        # The post-ops ride on this one pass from the L1-resident Y into the output.
+        f"                        Out[vn, vo, vb * {vt * m} + vy, vx, vc] = "
+        + epilogue_expr("Y[vy, vx, vc]", "Bias[vo, vc]" if post.bias else None,
+                        f"Res[vn, vo, vb * {vt * m} + vy, vx, vc]" if post.residual else None, post.activation, post.clip),
     ]
     tensorized.append(("wino_out", register_wino(wino.WinoKernel(isa, "out", m))))
     L[inner:] = ["    " + line for line in L[inner:]]
     return "\n".join(L) + "\n", tensorized
+
+
+def blocked_weight_shape(g: Geometry, m: int) -> tuple:
+    """U's shape: (output blocks, alpha, alpha, input channels padded to blocks, 16)."""
+    alpha = m + 2
+    return (g.ob, alpha, alpha, _ceil_div(g.c, BLOCK) * BLOCK, BLOCK)
 
 
 class WinogradConv2dOp(Conv2dOp):
@@ -199,8 +210,7 @@ class WinogradConv2dOp(Conv2dOp):
 
     @property
     def blocked_weight_shape(self) -> tuple:
-        g, alpha = self.geometry, self.tile + 2
-        return (g.ob, alpha, alpha, _ceil_div(g.c, BLOCK) * BLOCK, BLOCK)
+        return blocked_weight_shape(self.geometry, self.tile)
 
     def pack_weights(self, weight: np.ndarray) -> np.ndarray:
         """U[o, xi, nu, c, j] = (G w G^T)[xi, nu] of output channel 16*o + j, input channel c,
@@ -215,7 +225,9 @@ class WinogradConv2dOp(Conv2dOp):
         return np.ascontiguousarray(full.reshape(alpha, alpha, cp, ob, BLOCK).transpose(3, 0, 1, 2, 4), np.float32)
 
 
-def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvBlocking, op_threads) -> WinogradConv2dOp:
+def schedule_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvBlocking,
+                      post: PostOps = NO_POST_OPS) -> tuple[tvm.IRModule, dict]:
+    """The layer's tensorized module (not compiled) and its plan; threads: the pool it divides."""
     why = refusal(g)
     if why:
         raise ValueError(f"algorithm='winograd' needs {why}; use algorithm='direct' (or 'auto')")
@@ -224,7 +236,7 @@ def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvB
     if g.block != BLOCK:
         raise ValueError(f"Winograd runs on {BLOCK}-channel blocks, got {g.block}")
     vt, band_parallel, o_parallel = _plan(g, m, blocking, threads)
-    text, tiles = _render(g, isa, m, vt, band_parallel, o_parallel)
+    text, tiles = _render(g, isa, m, vt, band_parallel, o_parallel, post)
     sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
     for name, intrin in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
@@ -235,11 +247,10 @@ def conv2d_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvB
     sch.vectorize(sch.get_loops(sch.get_sblock("store"))[-1])
     # The GEMM tiles are beta=0: the zero fill tensorize keeps in front of each is dead.
     gemms = [f"{name}_o" for name, _ in tiles if name.startswith("wino_gemm")]
-    lib = tvm.compile(drop_dead_inits(sch.mod, gemms), target=isa.target)
+    mod = drop_dead_inits(sch.mod, gemms)
     oh, ow = g.out_hw
     plan = {"algorithm": "winograd", "tile": m, "band_tile_rows": vt, "band_parallel": band_parallel,
             "block_parallel": o_parallel, "tiles_per_band": vt * _ceil_div(ow, m),
-            "bands": g.n * _ceil_div(oh, m) // vt, "mr": DEFAULT_TILES[isa.name][0]}
-    op = WinogradConv2dOp(g, isa, lib, op_threads, plan)
-    plan["weight_bytes"] = 4 * int(np.prod(op.blocked_weight_shape))
-    return op
+            "bands": g.n * _ceil_div(oh, m) // vt, "mr": DEFAULT_TILES[isa.name][0],
+            "weight_bytes": 4 * int(np.prod(blocked_weight_shape(g, m)))}
+    return mod, plan

@@ -1,5 +1,7 @@
-"""The conv-tile intrinsic: what it refuses, and that its description omits unit loops."""
+"""The conv-tile intrinsic: what it refuses, that its description omits unit loops, and the
+batch-reduce kernel's store (beta=0 and the fused epilogue) called directly."""
 
+import numpy as np
 import pytest
 
 from intrinsics import ConvTile
@@ -28,14 +30,15 @@ def test_unit_loops_are_left_out_and_window_is_exact():
     tile = ConvTile(BR0, nb=1, kh=1, kw=3, bi=16, sw=2, dh=1, dw=2)
     assert tile.reduce_axes() == [("s", 3), ("i", 16)]
     text = render_description(tile)
-    assert "T.grid(6, 16, 3, 16)" in text
+    # One spatial block per output element, the reduction as plain loops inside it.
+    assert "for m, j in T.grid(6, 16)" in text and "for s, i in T.grid(3, 16)" in text
     # A 6-wide output row at stride 2 under a 3-tap kernel dilated by 2 reads (6-1)*2 + (3-1)*2 + 1
     # columns, not 6*2 + 3 - 1.
     assert tile.window == (1, 15)
     assert tile.name == "mk_f32_brgemm_6x16_avx2_beta0_conv_q1_k1x3_c16_s2_d1x2"
 
 
-def _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, batches):
+def _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, batches, bias=None, res=None, ldr=0, clip=(0.0, 6.0)):
     """Run a batch-reduce kernel through T.call_extern alone: no TIR description, so nothing
     zeroes C first and what C holds afterwards is the kernel's doing only."""
     import tvm
@@ -43,16 +46,25 @@ def _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, batches):
 
     (n1, sa1), (n2, sa2), (n3, sa3) = batches
     sym, ir = kern.name, kern.llvm_ir()
+    ep = kern.epilogue
+    bias = np.zeros(1, np.float32) if bias is None else bias
+    res = np.zeros(1, np.float32) if res is None else res
 
     @T.prim_func(s_tir=True)
-    def call(A: T.Buffer(a.shape, "float32"), B: T.Buffer(b.shape, "float32"), C: T.Buffer(c.shape, "float32")):
+    def call(A: T.Buffer(a.shape, "float32"), B: T.Buffer(b.shape, "float32"), Bi: T.Buffer(bias.shape, "float32"),
+             R: T.Buffer(res.shape, "float32"), C: T.Buffer(c.shape, "float32")):
         with T.attr(0, "pragma_import_llvm", ir):
-            T.evaluate(T.call_extern("void", sym, A.access_ptr("r"), lda, B.access_ptr("r"), ldb,
-                                     C.access_ptr("w"), ldc, k, n1, sa1, n2, sa2, n3, sa3))
+            # One expression: TVMScript binds a name once, so the list cannot be grown in steps.
+            T.evaluate(T.call_extern(
+                "void", sym, *([A.access_ptr("r"), lda, B.access_ptr("r"), ldb, C.access_ptr("w"), ldc, k,
+                               n1, sa1, n2, sa2, n3, sa3]
+                              + ([Bi.access_ptr("r")] if ep.bias else [])
+                              + ([R.access_ptr("r"), ldr] if ep.residual else [])
+                              + ([T.float32(clip[0]), T.float32(clip[1])] if ep.act == "clip" else []))))
 
     lib = tvm.compile(tvm.IRModule({"main": call}), target=kern.isa.target)
     tc = tvm.runtime.tensor(c)
-    lib(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tc)
+    lib(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tvm.runtime.tensor(bias), tvm.runtime.tensor(res), tc)
     return tc.numpy()
 
 
@@ -82,3 +94,55 @@ def test_beta0_brgemm_overwrites_c_prefilled_with_nan(isa_name):
     assert not np.isnan(got[:, :nr]).any(), "the kernel read C (NaN) instead of overwriting it"
     np.testing.assert_allclose(got[:, :nr], want, rtol=1e-5, atol=1e-5)
     assert np.isnan(got[:, nr:]).all(), "the kernel wrote past its NR columns"
+
+
+@pytest.mark.parametrize("isa_name", [n for n, isa in ISAS.items() if isa.host_supports()])
+@pytest.mark.parametrize("bias, residual, act", [(True, False, None), (False, True, None), (False, False, "relu"),
+                                                 (True, True, "relu"), (True, True, "clip"), (False, False, "clip")])
+def test_epilogue_is_applied_before_the_one_store(isa_name, bias, residual, act):
+    """C = act(sum + bias[j] + R[i, j]) with C prefilled with NaN (a kernel that read C, or
+    stored before its epilogue and reloaded, gives NaN or the bare sum); the residual has a row
+    stride of its own, wider than NR; guard columns of C stay NaN. Bounds chosen so that the
+    activation changes about half the elements."""
+    import numpy as np
+
+    from microkernels import Epilogue
+
+    isa = ISAS[isa_name]
+    mr, nr = 3, 2 * isa.lanes
+    kern = GemmKernel(isa, mr, nr, accumulate=False, batch_reduce=True, epilogue=Epilogue(bias, residual, act))
+    k, lda, ldb, ldc, ldr = 4, 6, nr, nr + 3, nr + 7
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(mr * lda, dtype=np.float32)
+    b = rng.standard_normal((k, ldb), dtype=np.float32)
+    bv = rng.standard_normal(nr, dtype=np.float32)
+    r = rng.standard_normal((mr, ldr), dtype=np.float32)
+    c = np.full((mr, ldc), np.nan, np.float32)
+    clip = (-0.5, 0.75)
+    got = _call_kernel_directly(kern, a, b.reshape(-1), c.reshape(-1), lda, ldb, ldc, k, ((1, 0), (1, 0), (1, 0)),
+                                bv if bias else None, r.reshape(-1) if residual else None, ldr, clip).reshape(mr, ldc)
+    want = np.stack([a[m * lda: m * lda + k] for m in range(mr)]).astype(np.float64) @ b[:, :nr].astype(np.float64)
+    if bias:
+        want = want + bv
+    if residual:
+        want = want + r[:, :nr]
+    if act == "relu":
+        want = np.maximum(want, 0)
+    elif act == "clip":
+        want = np.clip(want, *clip)
+    assert not np.isnan(got[:, :nr]).any()
+    np.testing.assert_allclose(got[:, :nr], want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(got[:, nr:]).all(), "the kernel wrote past its NR columns"
+    assert kern.name.endswith(Epilogue(bias, residual, act).suffix)
+
+
+def test_epilogue_refusals():
+    from microkernels import Epilogue
+
+    with pytest.raises(TileError, match="activation must be one of"):
+        Epilogue(act="gelu")
+    with pytest.raises(TileError, match="must be an Epilogue"):
+        GemmKernel(AVX2, 6, 16, epilogue="relu")
+    with pytest.raises(TileError, match="lo < hi"):
+        ConvTile(GemmKernel(AVX2, 6, 16, accumulate=False, batch_reduce=True, epilogue=Epilogue(act="clip")),
+                 nb=1, kh=3, kw=3, bi=16, clip=(6, 0))

@@ -1,0 +1,110 @@
+"""conv2d's fused post-ops (bias, residual, ReLU / clip) on both algorithms, against the float64
+reference with the post-ops applied after it; and what conv2d refuses about them."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedules
+from schedules.conv2d import PostOps
+
+from .test_conv2d import EPS, HOST, ref_conv2d
+
+
+def expected(x, w, b, r, post: PostOps, **conv):
+    ref = ref_conv2d(x, w, **conv)
+    if post.bias:
+        ref = ref + b[None, :, None, None]
+    if post.residual:
+        ref = ref + r
+    if post.activation == "relu":
+        ref = np.maximum(ref, 0)
+    elif post.activation == "clip":
+        ref = np.clip(ref, *post.clip)
+    return ref
+
+
+POSTS = st.builds(PostOps, bias=st.booleans(), residual=st.booleans(),
+                  activation=st.sampled_from([None, "relu", "clip"]),
+                  clip=st.sampled_from([(0.0, 6.0), (-1.5, 2.0)]))
+
+
+@st.composite
+def layers(draw):
+    algorithm = draw(st.sampled_from(["direct", "winograd"]))
+    if algorithm == "winograd":
+        k, stride, dilation, groups = 3, 1, 1, 1
+    else:
+        k, stride, dilation = draw(st.sampled_from([1, 3, 5])), draw(st.integers(1, 3)), draw(st.integers(1, 2))
+        groups = draw(st.sampled_from([1, 2]))
+    cg = draw(st.sampled_from([3, 16, 20]))
+    og = draw(st.sampled_from([16, 24]))
+    eh = (k - 1) * dilation + 1
+    h, w = draw(st.integers(eh, eh + 9)), draw(st.integers(eh, eh + 20))
+    pad = draw(st.integers(0, k // 2))
+    return dict(data_shape=(draw(st.integers(1, 2)), cg * groups, h, w), weight_shape=(og * groups, cg, k, k),
+                stride=stride, padding=pad, dilation=dilation, groups=groups, algorithm=algorithm)
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 2))
+@given(layer=layers(), post=POSTS, seed=st.integers(0, 2**32 - 1))
+def test_post_ops_match_the_reference(layer, post, seed):
+    rng = np.random.default_rng(seed)
+    algorithm = layer.pop("algorithm")
+    ds, ws = layer.pop("data_shape"), layer.pop("weight_shape")
+    op = schedules.conv2d(ds, ws, target=HOST, algorithm=algorithm, tile=4 if algorithm == "winograd" else None,
+                          bias=post.bias, residual=post.residual, activation=post.activation, clip=post.clip, **layer)
+    x = rng.standard_normal(ds, dtype=np.float32)
+    w = rng.standard_normal(ws, dtype=np.float32)
+    out_shape = (ds[0], ws[0], *op.geometry.out_hw)
+    b = rng.standard_normal(ws[0], dtype=np.float32) * 3
+    r = rng.standard_normal(out_shape, dtype=np.float32) * 3
+    got = op(x, w, bias=b if post.bias else None, residual=r if post.residual else None)
+    want = expected(x, w, b, r, post, **layer)
+    # The conv's own bound (test_conv2d.assert_conv_close), widened for Winograd's transforms
+    # (README: accuracy), plus one rounding of each post-op addition; activations only clamp.
+    k = ws[1] * ws[2] * ws[3]
+    scale = ref_conv2d(np.abs(x), np.abs(w), **layer) + 3 * np.abs(want) + 10
+    tol = (k + 3) * EPS * scale * (8 if algorithm == "winograd" else 1)
+    err = np.abs(got - want)
+    assert (err <= tol).all(), f"worst error {err.max():.3g} vs bound {tol.flat[np.argmax(err - tol)]:.3g}"
+
+
+def test_blocked_run_takes_packed_bias_and_blocked_residual():
+    rng = np.random.default_rng(0)
+    ds, ws = (1, 32, 9, 11), (40, 32, 3, 3)
+    op = schedules.conv2d(ds, ws, padding=1, target=HOST, algorithm="direct", bias=True, residual=True,
+                          activation="relu")
+    x, w = rng.standard_normal(ds, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    b, r = rng.standard_normal(40, dtype=np.float32), rng.standard_normal((1, 40, 9, 11), dtype=np.float32)
+    assert op.pack_bias(b).shape == (3, 16) and not op.pack_bias(b)[2, 8:].any()  # 40 channels: 3 blocks
+    blocked = op.run_blocked(op.to_blocked(x), op.pack_weights(w), op.pack_bias(b), schedules.layouts.to_nchwc(r, 16))
+    np.testing.assert_array_equal(op.from_blocked(blocked), op(x, w, bias=b, residual=r))
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"activation": "gelu"}, "activation must be one of"),
+    ({"activation": "clip", "clip": (1, 1)}, "lo < hi"),
+    ({"activation": "clip", "clip": "ab"}, "clip must be two numbers"),
+    ({"bias": 1}, "bias must be True or False"),
+])
+def test_bad_post_ops_are_refused(kwargs, msg):
+    with pytest.raises((ValueError, TypeError), match=msg):
+        schedules.conv2d((1, 16, 8, 8), (16, 16, 3, 3), target=HOST, **kwargs)
+
+
+def test_calls_must_pass_exactly_the_compiled_inputs():
+    op = schedules.conv2d((1, 16, 6, 6), (16, 16, 1, 1), target=HOST, bias=True)
+    x, w = np.ones((1, 16, 6, 6), np.float32), np.ones((16, 16, 1, 1), np.float32)
+    with pytest.raises(ValueError, match="compiled with a bias: pass bias="):
+        op(x, w)
+    with pytest.raises(ValueError, match="compiled without a residual: do not pass residual="):
+        op(x, w, bias=np.ones(16, np.float32), residual=np.ones((1, 16, 6, 6), np.float32))
+    with pytest.raises(ValueError, match="bias"):
+        op(x, w, bias=np.ones(15, np.float32))
+
+
+def test_post_ops_are_x86_float32_only():
+    with pytest.raises(ValueError, match="fused on the x86 float32 conv2d only"):
+        schedules.conv2d((1, 16, 8, 8), (16, 16, 3, 3), dtype="int8", target="armv7-neon", activation="relu")

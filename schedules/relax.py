@@ -1,0 +1,407 @@
+"""Whole models: every float32 conv2d of a Relax module on our kernels, blocked end to end.
+
+`optimize(mod, target, params)` (or `optimize_pass(...)` inside a user's own pipeline):
+  1. binds `params` (weights given as function inputs become constants),
+  2. converts the convs to NCHW16c data / OIHW16i16o weights with TVM's ConvertLayout, which
+     carries the elementwise ops between them into the blocked layout and leaves one layout
+     transform at the model's entry and one at its exit; FoldConstant packs the weights then,
+     at compile time, into exactly our weight layout,
+  3. replaces each conv2d by a `call_tir` of our tensorized PrimFunc (one per distinct layer
+     geometry and post-ops, shared by the layers that repeat it), with algorithm="auto"
+     (Winograd weights transformed here, once),
+  4. folds what follows a conv into its output tiles' store (oneDNN's post-ops): the chain
+     conv2d -> [add(per-channel constant: bias)] -> [add(tensor of the output's shape:
+     residual)] -> [relu | clip | maximum with 0 | maximum then minimum with constants], where
+     each intermediate value has no other user (clips are split into maximum and minimum
+     first, which ConvertLayout can carry through the blocked layout and it cannot a clip).
+Everything else stays TVM's: compile the result with `tvm.compile(mod, target=Target(...))`
+(`build` does both steps) and run it on `relax.VirtualMachine`.
+
+Which convs run where (one log line each on the "tvm_microkernels.relax" logger, and in the
+`report` list when one is passed):
+  - blocked by ConvertLayout (channels per group multiples of 16): ours, direct or Winograd;
+  - left in NCHW with groups = 1 (a 3-channel first layer): ours, between two layout
+    transforms of its own, weights packed here;
+  - anything else (grouped or depthwise convs whose groups are not whole 16-channel blocks,
+    non-float32, weights that are not constants on the NCHW path): TVM's default lowering.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import GenericConst
+from tvm.relax import PyExprMutator, expr_functor
+
+from microkernels import DEFAULT_TILES
+
+from . import layouts
+from .conv2d import Geometry, PostOps, schedule
+from .targets import resolve, thread_count
+
+LOG = logging.getLogger("tvm_microkernels.relax")
+
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+_ADD = tvm.ir.Op.get("relax.add")
+_RELU = tvm.ir.Op.get("relax.nn.relu")
+_CLIP = tvm.ir.Op.get("relax.clip")
+_MAX = tvm.ir.Op.get("relax.maximum")
+_MIN = tvm.ir.Op.get("relax.minimum")
+
+
+def _shape(expr) -> tuple[int, ...] | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = getattr(ty.shape, "values", ty.shape)
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+        return None
+    return tuple(int(d) for d in dims)
+
+
+def _dtype(expr) -> str | None:
+    ty = getattr(expr, "ty", None)
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+def _is_call(expr, op) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(op)
+
+
+def _const(expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, GenericConst) else None
+
+
+@dataclass
+class _Conv:
+    """One conv2d we run, and what is fused into it."""
+
+    call: relax.Call
+    blocked: bool  # NCHW16c in and out (else NCHW, our layout transforms around it)
+    data_shape: tuple  # NCHW
+    weight_shape: tuple  # OIHW
+    bias: np.ndarray | None = None  # (O,)
+    residual: relax.Expr | None = None
+    activation: str | None = None
+    clip: tuple[float, float] = (0.0, 6.0)
+    skipped: list = field(default_factory=list)  # the fused bindings' vars
+
+
+def _attrs_ok(a, blocked: bool, block: int) -> bool:
+    want = (f"NCHW{block}c", f"OIHW{block}i{block}o", f"NCHW{block}c") if blocked else ("NCHW", "OIHW", "NCHW")
+    return (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == want and \
+        (a.out_dtype is None or str(a.out_dtype) in ("", "float32", "void"))
+
+
+def _classify(call, block: int) -> tuple[_Conv | None, str]:
+    """Whether we run this conv2d, and why not when we do not."""
+    data, weight = call.args
+    a = call.attrs
+    ds, ws = _shape(data), _shape(weight)
+    if _dtype(data) != "float32" or _dtype(weight) != "float32":
+        return None, f"dtype {_dtype(data)}/{_dtype(weight)} (ours: float32)"
+    if ds is None or ws is None:
+        return None, "shapes not static"
+    groups = int(a.groups)
+    if len(ds) == 5 and _attrs_ok(a, True, block):
+        ob, ib, kh, kw, bi, bo = ws
+        c, o = ds[1] * ds[4], ob * bo
+        return _Conv(call, True, (ds[0], c, ds[2], ds[3]), (o, c // groups, kh, kw)), ""
+    if len(ds) == 4 and _attrs_ok(a, False, block):
+        if groups != 1:
+            return None, f"groups={groups} in NCHW (channels per group not whole {block}-channel blocks)"
+        if _const(weight) is None:
+            return None, "NCHW conv2d whose weights are not constants (bind params)"
+        return _Conv(call, False, ds, ws), ""
+    return None, f"layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}"
+
+
+def _uses(func: relax.Function) -> dict:
+    """Var -> number of bindings (and the function's result) that use it."""
+    count: dict = {}
+
+    def note(expr):
+        for v in relax.analysis.free_vars(expr):
+            count[v] = count.get(v, 0) + 1
+
+    for block in func.body.blocks:
+        for b in block.bindings:
+            note(b.value)
+    note(func.body.body)
+    return count
+
+
+def _scalar(expr) -> float | None:
+    """A clip bound: a FloatImm/IntImm (bare or in a PrimValue), or a scalar constant tensor."""
+    if type(expr).__name__ == "PrimValue":
+        expr = expr.value
+    if isinstance(getattr(expr, "value", None), (int, float)) and not isinstance(expr, GenericConst):
+        return float(expr.value)
+    v = _const(expr)
+    return float(v) if v is not None and v.size == 1 else None
+
+
+def _bias_vector(expr, conv: _Conv, block: int) -> np.ndarray | None:
+    """(O,) when `expr` is a constant that adds one value per output channel."""
+    v = _const(expr)
+    if v is None or v.dtype != np.float32:
+        return None
+    o = conv.weight_shape[0]
+    if conv.blocked:
+        ob = -(-o // block)
+        if v.shape in ((1, ob, 1, 1, block), (ob, 1, 1, block)):
+            return v.reshape(ob * block)[:o]
+        return None
+    if v.shape in ((1, o, 1, 1), (o, 1, 1)):
+        return v.reshape(o)
+    return None
+
+
+def _fuse_chain(conv: _Conv, var, users: dict, uses: dict, block: int, claimed) -> relax.Var:
+    """Extend `conv` along its single-user chain of post-ops; return the chain's last var.
+    A binding another conv's chain has taken (the add joining two conv branches) stops it."""
+    cur = var
+    while uses.get(cur, 0) == 1 and cur in users:
+        nxt, value = users[cur]
+        if nxt in claimed:
+            break
+        if _is_call(value, _ADD) and conv.residual is None and conv.activation is None:
+            a, b = value.args
+            other = b if a.same_as(cur) else a if b.same_as(cur) else None
+            if other is None or other.same_as(cur):
+                break
+            bias = _bias_vector(other, conv, block)
+            if bias is not None and conv.bias is None:
+                conv.bias = bias
+            elif _shape(other) == _shape(cur) and _dtype(other) == "float32" and _const(other) is None:
+                conv.residual = other
+            else:
+                break
+        elif _is_call(value, _RELU) and conv.activation is None:
+            conv.activation = "relu"
+        elif _is_call(value, _MAX) and conv.activation is None and _scalar(value.args[1]) is not None:
+            # A clip arrives as maximum then minimum (_split_clips); a bare maximum with 0 is a ReLU.
+            lo = _scalar(value.args[1])
+            after = users.get(nxt) if uses.get(nxt, 0) == 1 else None
+            hi = _scalar(after[1].args[1]) if after and _is_call(after[1], _MIN) and after[0] not in claimed else None
+            if hi is not None and lo < hi:
+                conv.activation, conv.clip = "clip", (lo, hi)
+                conv.skipped.append(cur)
+                cur = nxt
+                nxt = after[0]
+            elif lo == 0.0:
+                conv.activation = "relu"
+            else:
+                break
+        else:
+            break
+        conv.skipped.append(cur)
+        cur = nxt
+    return cur
+
+
+@expr_functor.mutator
+class _SplitClips(PyExprMutator):
+    """clip(x, lo, hi) with constant bounds -> minimum(maximum(x, lo), hi). ConvertLayout has no
+    layout rule for clip and would un-block the tensor around it; it carries these two
+    elementwise ops through the blocked layout, and the fusion folds them back into a clip."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not _is_call(call, _CLIP) or _dtype(call.args[0]) != "float32":
+            return call
+        lo, hi = (_scalar(b) for b in call.args[1:])
+        if lo is None or hi is None:
+            return call
+        x = call.args[0]
+        low = self.builder_.emit(relax.op.maximum(x, relax.const(np.float32(lo))))
+        return relax.op.minimum(low, relax.const(np.float32(hi)))
+
+
+def _split_clips(mod: tvm.IRModule) -> tvm.IRModule:
+    mutator = _SplitClips(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+@expr_functor.mutator
+class _Swap(PyExprMutator):
+    def __init__(self, mod, target: str, algorithm: str, threads, fuse: bool, report: list):
+        super().__init__(mod)
+        self.target, self.algorithm, self.threads, self.fuse, self.report = target, algorithm, threads, fuse, report
+        self.block = DEFAULT_TILES[resolve(target).name][1]
+        self.funcs: dict = {}  # (schedule key) -> GlobalVar
+        self.ends: dict = {}  # chain-end var -> _Conv
+        self.kept: dict = {}  # var of a conv left to TVM -> why
+        self.skip: set = set()
+
+    def plan(self, func: relax.Function) -> None:
+        uses = _uses(func)
+        for blk in func.body.blocks:
+            users = {}
+            for b in blk.bindings:
+                for v in relax.analysis.free_vars(b.value):
+                    users.setdefault(v, (b.var, b.value))
+            for b in blk.bindings:
+                if not _is_call(b.value, _CONV2D) or b.var in self.skip:
+                    continue
+                conv, why = _classify(b.value, self.block)
+                if conv is None:
+                    self.kept[b.var] = why  # logged when visited, so the report follows the model
+                    continue
+                claimed = self.skip.union(self.ends)
+                end = _fuse_chain(conv, b.var, users, uses, self.block, claimed) if self.fuse else b.var
+                self.skip.update(conv.skipped)
+                self.ends[end] = conv
+
+    def _log(self, call, where: str, why: str, plan: dict | None = None) -> None:
+        a = call.attrs
+        entry = {"data": _shape(call.args[0]), "weight": _shape(call.args[1]), "stride": [int(s) for s in a.strides],
+                 "groups": int(a.groups), "runs_on": where, "reason": why}
+        if plan:
+            entry["algorithm"], entry["post_ops"] = plan["algorithm"], plan.get("post_ops", "")
+        self.report.append(entry)
+        LOG.info("conv2d data %s weight %s stride %s groups %s: %s (%s)", entry["data"], entry["weight"],
+                 entry["stride"], entry["groups"], where, why)
+
+    def visit_var_binding_(self, binding):
+        if binding.var in self.skip:
+            return
+        if binding.var in self.kept:
+            self._log(binding.value, "tvm", self.kept[binding.var])
+        conv = self.ends.get(binding.var)
+        if conv is None:
+            return super().visit_var_binding_(binding)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(self._lower(conv))))
+
+    def _schedule(self, conv: _Conv, algorithm: str):
+        a = conv.call.attrs
+        return schedule(conv.data_shape, conv.weight_shape, [int(s) for s in a.strides], [int(p) for p in a.padding],
+                        [int(d) for d in a.dilation], int(a.groups), target=self.target, algorithm=algorithm,
+                        threads=self.threads, bias=conv.bias is not None, residual=conv.residual is not None,
+                        activation=conv.activation, clip=conv.clip)
+
+    def _lower(self, conv: _Conv) -> relax.Expr:
+        data, weight = (self.visit_expr(x) for x in conv.call.args)
+        w_const = _const(weight)
+        algorithm = self.algorithm if w_const is not None else "direct"  # Winograd needs constant weights
+        s = self._schedule(conv, algorithm)
+        g: Geometry = s.geometry
+        op = s.cls(g, s.isa, None, None, s.plan, s.post)
+        if conv.blocked and (tuple(g.data_shape) != _shape(data) or (s.plan["algorithm"] == "direct" and tuple(g.weight_shape) != _shape(weight))):
+            raise AssertionError(f"ConvertLayout's blocked shapes {_shape(data)}, {_shape(weight)} are not ours "
+                                 f"{g.data_shape}, {g.weight_shape}")
+        # Weights: ConvertLayout + FoldConstant already packed a blocked conv's into our layout.
+        if s.plan["algorithm"] == "winograd" or not conv.blocked:
+            oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
+            weight = relax.const(op.pack_weights(oihw))
+        args = [data if conv.blocked else self._to_blocked(data, g.bi, g.c)]
+        args.append(weight)
+        if conv.bias is not None:
+            args.append(relax.const(op.pack_bias(conv.bias.astype(np.float32))))
+        if conv.residual is not None:
+            res = self.visit_expr(conv.residual)
+            args.append(res if conv.blocked else self._to_blocked(res, g.block, g.o))
+        key = (g, s.post, s.plan["algorithm"], s.plan.get("tile"))
+        gv = self.funcs.get(key)
+        if gv is None:
+            name = _func_name(g, s.plan, s.post)
+            gv = self.builder_.add_func(s.mod["main"].with_attr("global_symbol", name), name)
+            self.funcs[key] = gv
+        post = "+".join(p for p, on in (("bias", s.post.bias), ("residual", s.post.residual),
+                                         (s.post.activation or "", s.post.activation)) if on)
+        s.plan["post_ops"] = post
+        why = f"{s.plan['algorithm']}{' F' + str(s.plan['tile']) if s.plan.get('tile') else ''}" \
+              f"{', fused ' + post if post else ''}{'' if conv.blocked else ', NCHW with layout transforms'}"
+        self._log(conv.call, "ours", why, s.plan)
+        out = relax.call_tir(gv, args, relax.TensorType(g.out_shape, "float32"))
+        if conv.blocked:
+            return out
+        y = self.builder_.emit(out)
+        n, ob, oh, ow, bo = g.out_shape
+        y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * bo + i, h, w))
+        if ob * bo != g.o:
+            y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[g.o])
+        return y
+
+    def _to_blocked(self, x, block: int, channels: int):
+        pad = None if channels % block == 0 else 0.0
+        return self.builder_.emit(relax.op.layout_transform(
+            x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block), pad_value=pad))
+
+
+def _unblock_weights(w: np.ndarray, g: Geometry) -> np.ndarray:
+    """OIHW{bi}i{bo}o (groups = 1) back to OIHW, for the Winograd weight transform."""
+    ob, ib, kh, kw, bi, bo = w.shape
+    return np.ascontiguousarray(w.transpose(0, 5, 1, 4, 2, 3).reshape(ob * bo, ib * bi, kh, kw)[:g.o, :g.c])
+
+
+def _func_name(g: Geometry, plan: dict, post: PostOps) -> str:
+    alg = f"wino{plan['tile']}" if plan["algorithm"] == "winograd" else "direct"
+    fused = "".join(f"_{p}" for p, on in (("bias", post.bias), ("res", post.residual),
+                                           (post.activation, post.activation)) if on)
+    return (f"mk_conv2d_{alg}_n{g.n}c{g.c}h{g.h}w{g.w}_o{g.o}k{g.kh}x{g.kw}s{g.stride[0]}x{g.stride[1]}"
+            f"p{'x'.join(map(str, g.pad))}d{g.dilation[0]}x{g.dilation[1]}g{g.groups}{fused}")
+
+
+def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report) -> tvm.IRModule:
+    mutator = _Swap(mod, target, algorithm, threads, fuse, report)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.plan(func)
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+
+
+def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,
+                  report: list | None = None) -> tvm.transform.Pass:
+    """Steps 2-4 of the module doc as one module pass (bind params before it)."""
+    isa = resolve(target)
+    if isa.arch != "x86":
+        raise ValueError(f"the Relax integration runs the x86 float32 conv2d; target {target!r} is {isa.arch}")
+    if algorithm not in ("auto", "direct"):
+        raise ValueError(f"algorithm must be 'auto' or 'direct' inside a model, got {algorithm!r}")
+    threads = thread_count(threads)
+    block = DEFAULT_TILES[isa.name][1]
+    report = [] if report is None else report
+
+    @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
+    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = _split_clips(mod)
+        mod = tvm.transform.Sequential([
+            relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}),
+            relax.transform.Normalize(),
+            relax.transform.FoldConstant(),
+            # The residual input's own copy of the entry transform is the same expression.
+            relax.transform.EliminateCommonSubexpr(),
+        ])(mod)
+        return _swap(mod, target, algorithm, threads, fuse, report)
+
+    return run
+
+
+def optimize(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
+             fuse: bool = True, report: list | None = None) -> tvm.IRModule:
+    """The module doc's steps on `mod`; `params` maps "main"'s parameter names to numpy or TVM
+    arrays. `report`, when given a list, receives one dict per conv2d (where it runs, why)."""
+    if params:
+        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.asarray(v, np.float32))
+                                                  if isinstance(v, np.ndarray) else v for k, v in params.items()})(mod)
+    return optimize_pass(target, algorithm, threads, fuse, report)(mod)
+
+
+def llvm_target(target="native") -> tvm.target.Target:
+    """The Target a Relax build wants (an object, not the dict a PrimFunc build takes)."""
+    return tvm.target.Target(resolve(target).target)
+
+
+def build(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
+          fuse: bool = True, report: list | None = None):
+    """optimize, then tvm.compile for the target: an executable for relax.VirtualMachine."""
+    return tvm.compile(optimize(mod, target, params, algorithm, threads, fuse, report), target=llvm_target(target))

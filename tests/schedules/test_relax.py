@@ -1,0 +1,189 @@
+"""schedules.relax: whole models with every conv2d on our kernels.
+
+Numerics against TVM's own (unoptimized) build of the same module and, for the networks of
+models.resnet, against PyTorch; the shape of the optimized graph (two layout transforms, no
+elementwise op left behind a conv); a model of odd layers TVM partly keeps; ResNet-50 itself
+under the `slow` marker (`pytest -m slow`), and in `bench resnet50`.
+"""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from microkernels import best_host_isa
+from models import resnet
+from schedules import relax as mkrelax
+
+HOST = f"x86-{best_host_isa().name}"
+# Whole-network tolerance, relative to the output's largest magnitude: dozens of float32
+# convolutions (reductions up to 4608 long) each within a few ulps of their own sums, summed
+# along a residual path; observed 1e-6 to 3e-6 here, and both references differ by as much.
+RTOL = 1e-4
+
+
+def run(mod_or_ex, x: np.ndarray, compiled=False):
+    ex = mod_or_ex if compiled else tvm.compile(mod_or_ex, target=mkrelax.llvm_target(HOST))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return (out[0] if not hasattr(out, "numpy") else out).numpy()
+
+
+def close(got, want, rtol=RTOL):
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= rtol, f"max |diff| = {err:.3g} of the largest output"
+
+
+def calls(mod: tvm.IRModule, name: str) -> int:
+    """Calls of the Relax operator `name` in main (after optimize, before build)."""
+    count = 0
+
+    def visit(e):
+        nonlocal count
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == name:
+            count += 1
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return count
+
+
+def call_tirs(mod: tvm.IRModule) -> list[str]:
+    names = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.call_tir":
+            names.append(e.args[0].name_hint)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return names
+
+
+SMALL = resnet.resnet(stages=((16, 1), (32, 3)), stem_width=16, image=32, classes=10)
+
+
+@pytest.fixture(scope="module")
+def small():
+    params = resnet.random_params(SMALL, seed=3)
+    x = np.random.default_rng(4).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    return resnet.relax_module(SMALL, params), params, x
+
+
+def test_small_resnet_matches_tvm_and_runs_every_conv_on_our_kernels(small):
+    mod, _, x = small
+    report = []
+    opt = mkrelax.optimize(mod, HOST, report=report)
+    assert len(report) == len(SMALL.convs) and all(r["runs_on"] == "ours" for r in report), report
+    assert calls(opt, "relax.nn.conv2d") == 0
+    close(run(opt, x), run(mod, x))
+    # One PrimFunc per distinct layer: the last two blocks of the second stage share theirs.
+    names = call_tirs(opt)
+    assert len(set(names)) < len(names) and len(set(opt.get_global_vars())) == len(set(names)) + 1
+
+
+def test_fusion_leaves_no_elementwise_op_over_a_conv_output(small):
+    mod, _, x = small
+    opt = mkrelax.optimize(mod, HOST)
+    unfused = mkrelax.optimize(mod, HOST, fuse=False)
+    # Every bias add, residual add and ReLU of the network sits behind a conv.
+    assert calls(opt, "relax.add") == 1 and calls(opt, "relax.nn.relu") == 0  # the classifier's bias only
+    assert calls(unfused, "relax.add") == 1 + len(SMALL.convs) + len(SMALL.blocks)
+    assert calls(unfused, "relax.nn.relu") == len(SMALL.convs) - sum(b.down is not None for b in SMALL.blocks)
+    fused_names = call_tirs(opt)
+    assert sum("_res_relu" in n for n in fused_names) == len(SMALL.blocks)
+    close(run(opt, x), run(unfused, x))
+
+
+def test_two_layout_transforms_when_the_first_conv_is_blocked():
+    """A model whose input has 16 channels is blocked from its first conv to its last op: one
+    transform in, one out (the 3-channel stem of a ResNet adds its own pair: module doc)."""
+    rng = np.random.default_rng(0)
+    w = lambda *s: relax.const((rng.standard_normal(s) * 0.2).astype(np.float32))  # noqa: E731
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w(32, 16, 3, 3), padding=1))))
+            z = bb.emit(relax.op.nn.conv2d(y, w(32, 32, 1, 1)))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(z, y))))
+            y = bb.emit(relax.op.nn.conv2d(y, w(16, 32, 3, 3), strides=2, padding=1))
+            out = bb.emit_output(bb.emit(relax.op.nn.avg_pool2d(y, pool_size=2, strides=2)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    opt = mkrelax.optimize(mod, HOST)
+    assert calls(opt, "relax.layout_transform") == 2
+    assert calls(opt, "relax.nn.conv2d") == 0 and len(call_tirs(opt)) == 3
+    xv = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    close(run(opt, xv), run(mod, xv))
+
+
+def test_odd_layers_compile_and_match():
+    """5x5, stride 3, dilation 2, a grouped conv ours can block (16 channels per group), one it
+    cannot (8 per group: TVM's lowering), a depthwise conv (TVM's), a clip, a dense layer; and
+    weights given as parameters, bound by optimize."""
+    rng = np.random.default_rng(7)
+    w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
+    weights = {"w5": w(32, 16, 5, 5), "w3": w(32, 32, 3, 3), "wd": w(32, 32, 3, 3), "wg16": w(32, 16, 3, 3),
+               "wg8": w(32, 8, 1, 1), "wdw": w(32, 1, 3, 3), "fc": w(10, 32)}
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 23, 23), "float32"))
+    pv = {k: relax.Var(k, relax.TensorType(v.shape, "float32")) for k, v in weights.items()}
+    with bb.function("main", [x, *pv.values()]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, pv["w5"], padding=2))
+            y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+            y = bb.emit(relax.op.nn.conv2d(y, pv["w3"], strides=3, padding=1))
+            y = bb.emit(relax.op.nn.conv2d(y, pv["wd"], padding=2, dilation=2))
+            y = bb.emit(relax.op.nn.conv2d(y, pv["wg16"], padding=1, groups=2))
+            y = bb.emit(relax.op.nn.conv2d(y, pv["wg8"], groups=4))
+            y = bb.emit(relax.op.nn.conv2d(y, pv["wdw"], padding=1, groups=32))
+            y = bb.emit(relax.op.mean(y, axis=[2, 3]))
+            out = bb.emit_output(bb.emit(relax.op.matmul(y, relax.op.permute_dims(pv["fc"]))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    report = []
+    opt = mkrelax.optimize(mod, HOST, params=weights, report=report)
+    where = [r["runs_on"] for r in report]
+    assert where == ["ours", "ours", "ours", "ours", "tvm", "tvm"], report
+    assert "clip" in report[0]["post_ops"]
+    assert "groups=4" in report[4]["reason"] and "groups=32" in report[5]["reason"]
+    xv = rng.standard_normal((1, 16, 23, 23)).astype(np.float32)
+    ex = tvm.compile(mod, target=mkrelax.llvm_target(HOST))
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xv),
+                                                        *(tvm.runtime.tensor(v) for v in weights.values())).numpy()
+    close(run(opt, xv), want)
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="x86 float32"):
+        mkrelax.optimize_pass("armv7-neon")
+    with pytest.raises(ValueError, match="'auto' or 'direct'"):
+        mkrelax.optimize_pass(HOST, algorithm="winograd")
+
+
+def test_small_resnet_matches_pytorch_and_the_torch_frontend(small):
+    torch = pytest.importorskip("torch", reason="PyTorch is in the test extra; without it this comparison cannot run")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    mod, params, x = small
+    tmodel = resnet.torch_module(SMALL, params)
+    with torch.no_grad():
+        want = tmodel(torch.from_numpy(x)).numpy()
+    close(run(mkrelax.optimize(mod, HOST), x), want)
+    imported = from_exported_program(torch.export.export(tmodel, (torch.from_numpy(x),)))
+    report = []
+    opt = mkrelax.optimize(imported, HOST, report=report)
+    assert all(r["runs_on"] == "ours" for r in report) and calls(opt, "relax.nn.relu") == 0
+    close(run(opt, x), want)
+
+
+@pytest.mark.slow
+def test_resnet50_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    net = resnet.resnet()
+    params = resnet.random_params(net)
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    report = []
+    got = run(mkrelax.optimize(resnet.relax_module(net, params), HOST, report=report), x)
+    assert len(report) == 53 and all(r["runs_on"] == "ours" for r in report)
+    with torch.no_grad():
+        want = resnet.torch_module(net, params)(torch.from_numpy(x)).numpy()
+    close(got, want)

@@ -63,7 +63,6 @@ def classify(symbol: str) -> str:
 
 def breakdown(vm, x, repeat: int = 5) -> dict[str, float]:
     """Seconds per category of VM call, median over `repeat` passes."""
-    import tvm
     from tvm.runtime import vm as rvm
 
     spans: list[dict[str, float]] = []
@@ -90,7 +89,6 @@ def breakdown(vm, x, repeat: int = 5) -> dict[str, float]:
     finally:
         vm.set_instrument(None)
     cats = sorted({c for s in spans for c in s})
-    del tvm
     return {c: statistics.median(s.get(c, 0.0) for s in spans) for c in cats}
 
 

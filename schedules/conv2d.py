@@ -29,6 +29,7 @@ from tvm.script import tirx as T
 
 from intrinsics.f32_conv import DEFAULT_CLIP, ConvTile, element_body, reduce_axes, register_conv
 from microkernels import DEFAULT_TILES, NO_EPILOGUE, Epilogue, GemmKernel, Isa
+from microkernels.f32_gemm import ACTIVATIONS
 
 from . import layouts
 from .compiled import CompiledOp
@@ -160,9 +161,6 @@ class Geometry:
     @property
     def padded(self) -> bool:
         return any(self.pad)
-
-
-ACTIVATIONS = (None, "relu", "clip")
 
 
 @dataclass(frozen=True)

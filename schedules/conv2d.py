@@ -34,7 +34,7 @@ from microkernels.f32_gemm import ACTIVATIONS
 from . import layouts
 from .compiled import CompiledOp
 from .conv2d_int8 import conv2d_int8, conv_kernel
-from .targets import check_array, check_elements, dtype_name, positive_int, resolve, thread_count
+from .targets import check_array, check_elements, check_emulate, dtype_name, positive_int, resolve, thread_count
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -357,8 +357,9 @@ class Conv2dOp(CompiledOp):
     `op.run_blocked(data_nchwc, packed_weight)`, which returns the NCHW[y]c output.
     """
 
-    def __init__(self, geometry: Geometry, isa: Isa, lib, threads, plan: dict, post: PostOps = NO_POST_OPS):
-        super().__init__(isa, lib, threads)
+    def __init__(self, geometry: Geometry, isa: Isa, lib, threads, plan: dict, post: PostOps = NO_POST_OPS,
+                 emulate: bool = False):
+        super().__init__(isa, lib, threads, emulate)
         self.geometry, self.plan, self.post = geometry, plan, post
 
     @property
@@ -463,7 +464,8 @@ def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
            target="native", algorithm="auto", threads=None,
            blocking: ConvBlocking = ConvBlocking(), input_zero_point=None, weight_zero_point=None,
-           weight_dtype=None, tile=None, bias=False, residual=False, activation=None, clip=DEFAULT_CLIP):
+           weight_dtype=None, tile=None, bias=False, residual=False, activation=None, clip=DEFAULT_CLIP,
+           emulate=False):
     """Compile a conv2d for NCHW data of `data_shape` and OIHW weights of `weight_shape`.
 
     stride, dilation: int or (h, w). padding: int, (h, w) or (top, left, bottom, right).
@@ -478,12 +480,13 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     bias, residual, activation, clip (float32, x86): post-ops fused into the output tiles'
     store (PostOps): out = activation(conv + bias + residual), activation None, "relu" or
     "clip" (to `clip`, ReLU6 by default); the op then takes op(data, weight, bias=, residual=).
+    emulate (x86): calls run on the Bochs CPU, one thread: AVX-512 numerics on a host without it.
     Returns a Conv2dOp (x86; a WinogradConv2dOp for Winograd) or an Int8Conv2dOp (ARM):
     op(data, weight) -> NCHW output.
     """
     return schedule(data_shape, weight_shape, stride, padding, dilation, groups, dtype, target, algorithm, threads,
                     blocking, input_zero_point, weight_zero_point, weight_dtype, tile, bias, residual, activation,
-                    clip).build()
+                    clip, emulate).build()
 
 
 @dataclass
@@ -498,16 +501,17 @@ class Scheduled:
     plan: dict
     post: PostOps
     threads: int | None
+    emulate: bool = False
 
     def build(self) -> Conv2dOp:
         return self.cls(self.geometry, self.isa, tvm.compile(self.mod, target=self.isa.target), self.threads,
-                        self.plan, self.post)
+                        self.plan, self.post, self.emulate)
 
 
 def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
              target="native", algorithm="auto", threads=None, blocking: ConvBlocking = ConvBlocking(),
              input_zero_point=None, weight_zero_point=None, weight_dtype=None, tile=None, bias=False,
-             residual=False, activation=None, clip=DEFAULT_CLIP):
+             residual=False, activation=None, clip=DEFAULT_CLIP, emulate=False):
     """conv2d's checks and planning without the compile (same arguments): a Scheduled on the
     x86 float32 targets; on ARM the compiled Int8Conv2dOp, whose build() returns itself."""
     if algorithm not in ("auto", "direct", "winograd"):
@@ -518,6 +522,7 @@ def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
     weight_dtype = dtype_name("weight_dtype", weight_dtype)
     threads = thread_count(threads)
     isa = resolve(target)
+    emulate = check_emulate(emulate, isa)
     if isa.arch != "x86":
         if algorithm == "winograd":
             raise ValueError("algorithm='winograd' is an x86 float32 path; the ARM targets run the quantized spatial pack")
@@ -549,7 +554,7 @@ def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         if tile is not None:
             mod, plan = winograd.schedule_winograd(g, isa, tile, pool, blocking, post)
             plan["reason"] = reason or "algorithm='winograd'"
-            return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post, threads)
+            return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post, threads, emulate)
     vh, band_parallel = _bands(g, blocking, pool)
     text, tiles = _render(g, isa, mr, vh, band_parallel, post)
     func = parser.parse(text, extra_vars={"T": T})
@@ -562,4 +567,4 @@ def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     plan = {"algorithm": "direct", "reason": reason or "algorithm='direct'", "mr": mr, "band_rows": vh, "band_parallel": band_parallel,
             "segments": _segments(g.out_hw[1], mr)}
-    return Scheduled(Conv2dOp, g, isa, sch.mod, plan, post, threads)
+    return Scheduled(Conv2dOp, g, isa, sch.mod, plan, post, threads, emulate)

@@ -1,4 +1,5 @@
 """Run a TVM-compiled ARM kernel under qemu-user and bring its outputs back as numpy arrays.
+(x86 code the host cannot run, AVX-512 on an AVX2 machine, runs on the Bochs CPU: bochs.py.)
 
 Why: ARM schedules must be checked bit for bit on x86 hosts, where the TVM runtime cannot load
 ARM code and is not cross-built. A PrimFunc's object file imports only TVM's error hook, so we

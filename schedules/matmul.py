@@ -22,7 +22,7 @@ import intrinsics
 from microkernels import GemmKernel, Isa, default_kernel
 
 from .compiled import CompiledOp
-from .targets import check_array, check_elements, positive_int, resolve, thread_count
+from .targets import check_array, check_elements, check_emulate, positive_int, resolve, thread_count
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -49,8 +49,8 @@ def _split_evenly(extent: int, unit: int, max_block: int) -> tuple[int, int]:
 class MatmulOp(CompiledOp):
     """A compiled C = A @ B for fixed (M, N, K); call it on numpy arrays."""
 
-    def __init__(self, M, N, K, isa: Isa, kernel: GemmKernel, lib, threads):
-        super().__init__(isa, lib, threads)
+    def __init__(self, M, N, K, isa: Isa, kernel: GemmKernel, lib, threads, emulate: bool = False):
+        super().__init__(isa, lib, threads, emulate)
         self.M, self.N, self.K, self.kernel = M, N, K, kernel
 
     @property
@@ -71,17 +71,19 @@ class MatmulOp(CompiledOp):
 
 
 def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = None,
-           blocking: Blocking = Blocking()) -> MatmulOp:
+           blocking: Blocking = Blocking(), emulate: bool = False) -> MatmulOp:
     """Compile C[M, N] = A[M, K] @ B[K, N] (float32, row-major) for a target preset.
 
     target: "x86-avx512", "x86-avx2" or "native" (the widest this host runs).
     threads: size of TVM's thread pool while this op runs (None: one per core).
     kernel: the tile to use (default: the ISA's default tile).
+    emulate: run calls on the Bochs CPU (x86 targets; AVX-512 on a host without it), one thread.
     """
     M, N, K = (positive_int(n, v) for n, v in (("M", M), ("N", N), ("K", K)))
     check_elements(A=(M, K), B=(K, N), C=(M, N))
     threads = thread_count(threads)
     isa = resolve(target)
+    emulate = check_emulate(emulate, isa)
     kern = kernel or default_kernel(isa.name)
     if kern.isa != isa or not kern.accumulate:
         raise ValueError(f"kernel {kern.name} does not fit target {target!r}: need an accumulating {isa.name} tile")
@@ -139,5 +141,5 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
     sch.parallel(c_loops[0])
 
     lib = tvm.compile(sch.mod, target=isa.target)
-    return MatmulOp(M, N, K, isa, kern, lib, threads)
+    return MatmulOp(M, N, K, isa, kern, lib, threads, emulate)
 

@@ -40,14 +40,31 @@ def resolve(target) -> Isa:
 def require_host(isa: Isa) -> None:
     missing = isa.host_missing()
     if missing:
+        emulate = (" or pass emulate=True to run it on the Bochs CPU emulator (single-threaded, slow; "
+                   "needs bochscpu-python==0.3.1)") if isa.arch == "x86" else ""
         raise UnsupportedHostError(
             f"this host cannot run {isa.name} code: its CPU lacks {', '.join(missing)}; "
-            f"compile for it here (op.asm works) but run it elsewhere, or use target='native'"
+            f"compile for it here (op.asm works) but run it elsewhere, use target='native',{emulate}"
         )
 
 
 # More pool threads than this is a mistake, not a machine: TVM's pool fails at call time.
 MAX_THREADS = 1024
+
+
+def check_emulate(emulate, isa: Isa) -> bool:
+    """emulate=True asks for the Bochs CPU: x86 targets only, and the package must import."""
+    if not isinstance(emulate, bool):
+        raise TypeError(f"emulate must be True or False, got {emulate!r}")
+    if emulate:
+        if isa.arch != "x86":
+            raise ValueError(f"emulate=True runs x86 code on the Bochs CPU; {isa.name} runs under qemu already")
+        from . import bochs
+
+        why = bochs.available()
+        if why:
+            raise bochs.EmulatorUnavailable(why)
+    return emulate
 
 
 def positive_int(name: str, value) -> int:

@@ -108,12 +108,11 @@ def element_body(c_ref: str, a_ref: str, b_ref: str, red: list[tuple[str, int]],
     The single spelling of the statement sequence, used by the description here and by the
     convolution schedule's blocks, which tensorize can only match if they are identical.
     """
+    if not red:  # one product: a single statement, so the block stays complete (vectorizable)
+        return [f"{indent}{c_ref} = {epilogue_expr(f'{a_ref} * {b_ref}', bias_ref, res_ref, act, clip)}"]
     lines = [f"{indent}{c_ref} = T.float32(0)"]
-    if red:
-        lines.append(f"{indent}for {', '.join(n for n, _ in red)} in T.grid({', '.join(str(e) for _, e in red)}):")
-        lines.append(f"{indent}    {c_ref} = {c_ref} + {a_ref} * {b_ref}")
-    else:
-        lines[0] = f"{indent}{c_ref} = {a_ref} * {b_ref}"
+    lines.append(f"{indent}for {', '.join(n for n, _ in red)} in T.grid({', '.join(str(e) for _, e in red)}):")
+    lines.append(f"{indent}    {c_ref} = {c_ref} + {a_ref} * {b_ref}")
     value = epilogue_expr(c_ref, bias_ref, res_ref, act, clip)
     if value != c_ref:
         lines.append(f"{indent}{c_ref} = {value}")

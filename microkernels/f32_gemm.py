@@ -163,6 +163,32 @@ def _epilogue_params(kern: GemmKernel) -> str:
                     ", float %lo, float %hi" if e.act == "clip" else ""])
 
 
+def clip_bounds_ir(vt: str, lanes: int) -> list[str]:
+    """%lov and %hiv: the clip bounds (float arguments %lo, %hi) splat across a vector."""
+    out = []
+    for b in ("lo", "hi"):
+        out.append(f"  %{b}i = insertelement {vt} poison, float %{b}, i64 0")
+        out.append(f"  %{b}v = shufflevector {vt} %{b}i, {vt} poison, <{lanes} x i32> zeroinitializer")
+    return out
+
+
+def activation_ir(act: str | None, vt: str, lanes: int, x: str, tag: str, out: list[str]) -> str:
+    """Append act(x) to `out` (names suffixed by `tag`); return the result's name. The epilogue
+    of every kernel family with one (GEMM tiles, depthwise rows)."""
+    if act is None:
+        return x
+    # x > lo ? x : lo is vmaxps's own semantics (a NaN gives lo), like TIR's max.
+    lo = "zeroinitializer" if act == "relu" else "%lov"
+    out.append(f"  %gt{tag} = fcmp ogt {vt} {x}, {lo}")
+    out.append(f"  %ea{tag} = select <{lanes} x i1> %gt{tag}, {vt} {x}, {vt} {lo}")
+    x = f"%ea{tag}"
+    if act == "clip":
+        out.append(f"  %lt{tag} = fcmp olt {vt} {x}, %hiv")
+        out.append(f"  %ec{tag} = select <{lanes} x i1> %lt{tag}, {vt} {x}, {vt} %hiv")
+        x = f"%ec{tag}"
+    return x
+
+
 def _store(kern: GemmKernel, value, cp) -> list[str]:
     """The tile's one store, after the epilogue. value(i, j) / cp(i, j): the finished
     accumulator and the C address of vector j of row i."""
@@ -175,9 +201,7 @@ def _store(kern: GemmKernel, value, cp) -> list[str]:
             out.append(f"  %biasp{j} = getelementptr inbounds float, ptr %bias, i64 {j * lanes}")
             out.append(f"  %biasv{j} = load {vt}, ptr %biasp{j}, align 4")
     if e.act == "clip":
-        for b in ("lo", "hi"):
-            out.append(f"  %{b}i = insertelement {vt} poison, float %{b}, i64 0")
-            out.append(f"  %{b}v = shufflevector {vt} %{b}i, {vt} poison, <{lanes} x i32> zeroinitializer")
+        out += clip_bounds_ir(vt, lanes)
     for i in range(kern.mr):
         for j in range(nv):
             x = value(i, j)
@@ -191,16 +215,7 @@ def _store(kern: GemmKernel, value, cp) -> list[str]:
                 out.append(f"  %rv{i}_{j} = load {vt}, ptr %rp{i}_{j}, align 4")
                 out.append(f"  %er{i}_{j} = fadd {vt} {x}, %rv{i}_{j}")
                 x = f"%er{i}_{j}"
-            if e.act is not None:
-                # x > lo ? x : lo is vmaxps's own semantics (a NaN gives lo), like TIR's max.
-                lo = "zeroinitializer" if e.act == "relu" else "%lov"
-                out.append(f"  %gt{i}_{j} = fcmp ogt {vt} {x}, {lo}")
-                out.append(f"  %ea{i}_{j} = select <{lanes} x i1> %gt{i}_{j}, {vt} {x}, {vt} {lo}")
-                x = f"%ea{i}_{j}"
-                if e.act == "clip":
-                    out.append(f"  %lt{i}_{j} = fcmp olt {vt} {x}, %hiv")
-                    out.append(f"  %ec{i}_{j} = select <{lanes} x i1> %lt{i}_{j}, {vt} {x}, {vt} %hiv")
-                    x = f"%ec{i}_{j}"
+            x = activation_ir(e.act, vt, lanes, x, f"{i}_{j}", out)
             out.append(f"  store {vt} {x}, ptr {cp(i, j)}, align 4")
     return out
 

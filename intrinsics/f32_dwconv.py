@@ -1,0 +1,145 @@
+"""TensorIntrins for one output row of a depthwise convolution on the depthwise kernel.
+
+Description, for a row of OW output pixels of one 16-channel block:
+    C[x, c] = act(sum over (r, s) of A[r*dh, x*sw + s*dw, c] * B[r, s, c] + Bias[c])
+A is a window of the (band-packed) NCHW16c input: rows, columns, the 16 lanes; B the block's
+KH x KW x 16 weights; C the output row (pixels 16 apart). As for the conv tile, a spatial block
+per output element whose body zeroes it, runs the taps as plain loops and applies the epilogue
+(`f32_conv.element_body`, which the depthwise schedule uses too).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from microkernels import TileError
+from microkernels.f32_dwconv import BLOCK, DwKernel
+from microkernels.isa import normalize_ints
+
+from .f32_conv import DEFAULT_CLIP, element_body
+
+
+@dataclass(frozen=True)
+class DwRow:
+    kern: DwKernel
+    ow: int  # output pixels in the row (the kernel loops over them)
+    sw: int = 1
+    dh: int = 1
+    dw: int = 1
+    clip: tuple[float, float] = DEFAULT_CLIP
+
+    def __post_init__(self):
+        normalize_ints(self, ("ow", "sw", "dh", "dw"), TileError)
+        if self.ow < 2:
+            raise TileError(f"a depthwise row needs at least 2 pixels to match (a unit loop is dropped), got {self.ow}")
+        if self.kern.taps < 2:
+            raise TileError("a depthwise row must reduce over more than one tap")
+
+    @property
+    def name(self) -> str:
+        clip = f"_{self.clip[0]:g}to{self.clip[1]:g}" if self.kern.epilogue.act == "clip" else ""
+        return f"{self.kern.name}{clip}_row{self.ow}_s{self.sw}_d{self.dh}x{self.dw}"
+
+    @property
+    def window(self) -> tuple[int, int]:
+        k = self.kern
+        return (k.kh - 1) * self.dh + 1, (self.ow - 1) * self.sw + (k.kw - 1) * self.dw + 1
+
+    def reduce_axes(self) -> list[tuple[str, int]]:
+        return [(n, e) for n, e in (("r", self.kern.kh), ("s", self.kern.kw)) if e > 1]
+
+    def a_index(self, x: str, r: str, s: str, c: str) -> str:
+        return f"{r} * {self.dh}, {x} * {self.sw} + {s} * {self.dw}, {c}"
+
+
+def _render(t: DwRow, impl: bool) -> str:
+    k, ep = t.kern, t.kern.epilogue
+    ah, aw = t.window
+    red = t.reduce_axes()
+    names = dict(red)
+    r, s = ("r" if "r" in names else "0"), ("s" if "s" in names else "0")
+    a_strides = "[sa, 16, 1]" if impl else "[T.int32(), 16, 1]"
+    params = ["a: T.handle", "b: T.handle"] + (["bias: T.handle"] if ep.bias else []) + ["c: T.handle"]
+    lines = ["@T.prim_func(s_tir=True)", f"def f({', '.join(params)}):"]
+    if impl:
+        lines.append("    sa = T.int32()")
+    lines += [
+        f"    A = T.match_buffer(a, ({ah}, {aw}, {BLOCK}), 'float32', offset_factor=1, strides={a_strides})",
+        f"    B = T.match_buffer(b, ({k.kh}, {k.kw}, {BLOCK}), 'float32', offset_factor=1)",
+    ]
+    reads = [f"C[0:{t.ow}, 0:{BLOCK}]", f"A[0:{ah}, 0:{aw}, 0:{BLOCK}]", f"B[0:{k.kh}, 0:{k.kw}, 0:{BLOCK}]"]
+    if ep.bias:
+        lines.append(f"    Bias = T.match_buffer(bias, ({BLOCK},), 'float32', offset_factor=1)")
+        reads.append(f"Bias[0:{BLOCK}]")
+    lines += [
+        # Output pixels of a row are one block (16 floats) apart in NCHW16c.
+        f"    C = T.match_buffer(c, ({t.ow}, {BLOCK}), 'float32', offset_factor=1)",
+        "    with T.sblock('root'):",
+        f"        T.reads({', '.join(reads)})",
+        f"        T.writes(C[0:{t.ow}, 0:{BLOCK}])",
+    ]
+    if impl:
+        extra = (", Bias.access_ptr('r')" if ep.bias else "") \
+            + (f", T.float32({t.clip[0]!r}), T.float32({t.clip[1]!r})" if ep.act == "clip" else "")
+        lines += [
+            "        with T.attr(0, 'pragma_import_llvm', kernel_ir):",
+            f"            T.evaluate(T.call_extern('void', '{k.name}', A.access_ptr('r'), {t.sw * BLOCK}, {t.dw * BLOCK},"
+            f" sa * {t.dh}, B.access_ptr('r'), C.access_ptr('w'), {t.ow}{extra}))",
+        ]
+    else:
+        lines += [
+            f"        for x, c in T.grid({t.ow}, {BLOCK}):",
+            "            with T.sblock('update'):",
+            "                vx, vc = T.axis.remap('SS', [x, c])",
+        ]
+        lines += element_body("C[vx, vc]", f"A[{t.a_index('vx', r, s, 'vc')}]", f"B[{r}, {s}, vc]", red, " " * 16,
+                              "Bias[vc]" if ep.bias else None, None, ep.act, t.clip)
+    return "\n".join(lines) + "\n"
+
+
+def render_description(t: DwRow) -> str:
+    return _render(t, impl=False)
+
+
+@functools.lru_cache(maxsize=None)
+def register_dw(t: DwRow) -> str:
+    """Register (once) the intrinsic for one depthwise row geometry; return its name."""
+    desc = parser.parse(_render(t, impl=False), extra_vars={"T": T})
+    impl = parser.parse(_render(t, impl=True), extra_vars={"T": T, "kernel_ir": t.kern.llvm_ir()})
+    s_tir.TensorIntrin.register(t.name, desc, impl)
+    return t.name
+
+
+def row_function(t: DwRow):
+    """One row through the intrinsic, placed inside larger buffers (the window at row 1,
+    column 2 of its input; weights of the second block; output row 1 from pixel 1), so the
+    kernel sees real strides and offsets: for kernel tests and golden dumps."""
+    import tvm
+
+    k, ep = t.kern, t.kern.epilogue
+    ah, aw = t.window
+    red = t.reduce_axes()
+    names = dict(red)
+    r, s = ("r" if "r" in names else "0"), ("s" if "s" in names else "0")
+    params = (f"A: T.Buffer(({ah + 2}, {aw + 3}, {BLOCK}), 'float32'), B: T.Buffer((2, {k.kh}, {k.kw}, {BLOCK}), 'float32'),"
+              + (f" Bias: T.Buffer((2, {BLOCK}), 'float32')," if ep.bias else "")
+              + f" C: T.Buffer((3, {t.ow + 1}, {BLOCK}), 'float32')")
+    lines = ["@T.prim_func(s_tir=True)", f"def main({params}):", "    T.func_attr({'tirx.noalias': True})",
+             f"    for x, c in T.grid({t.ow}, {BLOCK}):", "        with T.sblock('row'):",
+             "            vx, vc = T.axis.remap('SS', [x, c])"]
+    lines += element_body("C[1, vx + 1, vc]", f"A[1 + {r} * {t.dh}, 2 + vx * {t.sw} + {s} * {t.dw}, vc]",
+                          f"B[1, {r}, {s}, vc]", red, " " * 12, "Bias[1, vc]" if ep.bias else None, None, ep.act, t.clip)
+    sch = s_tir.Schedule(parser.parse("\n".join(lines) + "\n", extra_vars={"T": T}))
+    sch.tensorize(sch.get_loops(sch.get_sblock("row"))[0], register_dw(t))
+    return tvm.IRModule({"main": sch.mod["main"]})
+
+
+def compile_row(t: DwRow):
+    import tvm
+
+    return tvm.compile(row_function(t), target=t.kern.isa.target)

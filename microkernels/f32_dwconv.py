@@ -1,0 +1,176 @@
+"""FP32 depthwise convolution: one output row of NCHW16c, one parametric LLVM IR generator.
+
+Channels are the vector lanes (XNNPACK's dwconv idea): a depthwise tap is one vector FMA per
+output pixel, input vector times the tap's weight vector, with no reduction across lanes. One
+call computes `n` output pixels of one row for the 16 channels of a block:
+    out[x, c] = act(sum over (r, s) of in[x*pix + r*row + s*col + c] * w[r, s, c] + bias[c])
+The KH*KW weight vectors are loaded once per call and held in registers across the pixel loop
+when they fit beside MR accumulators; MR pixels are computed per step (their input loads fold
+into the FMAs), then single pixels for the tail. AVX2 runs the block as two 8-lane halves, each
+with its own taps in registers. Where the taps do not fit (5x5 on AVX2, 7x7 on AVX-512) they are
+read from memory (L1) inside the loop instead of being spilled.
+
+Signature (strides in elements; `pix` = stride*16, `col` = dilation*16, `row` = dilation * the
+input row's length in elements):
+    void mk_f32_dwconv_<KH>x<KW>_<MR>x16_<isa>[_bias][_relu|_clip](ptr in, i32 pix, i32 col,
+        i32 row, ptr w, ptr out, i32 n [, ptr bias] [, float lo, float hi])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .f32_gemm import NO_EPILOGUE, Epilogue, TileError, activation_ir, clip_bounds_ir
+from .isa import Isa, normalize_ints
+
+BLOCK = 16  # channels per call: the NCHW16c block
+
+
+@dataclass(frozen=True)
+class DwKernel:
+    isa: Isa
+    kh: int
+    kw: int
+    mr: int  # output pixels per step of the pixel loop
+    epilogue: Epilogue = NO_EPILOGUE
+
+    def __post_init__(self):
+        normalize_ints(self, {"kh": "KH", "kw": "KW", "mr": "MR"}, TileError)
+        if self.isa.arch != "x86" or BLOCK % self.isa.lanes:
+            raise TileError(f"depthwise kernels are x86 kernels over a {BLOCK}-channel block, not {self.isa.name}")
+        if self.epilogue.residual:
+            raise TileError("a depthwise kernel's epilogue takes a bias and an activation, not a residual")
+        if self.mr + 1 > self.isa.vector_registers:
+            raise TileError(f"MR={self.mr} accumulators do not fit in {self.isa.name}'s registers")
+
+    @property
+    def halves(self) -> int:
+        return BLOCK // self.isa.lanes
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    @property
+    def taps_in_registers(self) -> bool:
+        """KH*KW weight vectors + MR accumulators + three spare fit in the register file. The
+        spares hold input vectors: with stride 1 (a constant once the kernel is inlined) LLVM
+        loads each input column once and reuses it across the taps of neighbouring pixels,
+        which keeps a few live. With fewer spares LLVM spilled (5x5 on AVX-512 at MR 5 and 6,
+        3x3 on AVX2 at MR 6). The epilogue's constants count too: the bias vector, ReLU's zero,
+        clip's two bounds."""
+        return self.taps + self.mr + 3 + epilogue_registers(self.epilogue) <= self.isa.vector_registers
+
+    @property
+    def name(self) -> str:
+        ep = self.epilogue
+        suffix = ("_bias" if ep.bias else "") + (f"_{ep.act}" if ep.act else "")
+        return f"mk_f32_dwconv_{self.kh}x{self.kw}_{self.mr}x{BLOCK}_{self.isa.name}{suffix}"
+
+    def llvm_ir(self) -> str:
+        return _generate(self)
+
+
+def epilogue_registers(ep: Epilogue) -> int:
+    return int(ep.bias) + {None: 0, "relu": 1, "clip": 2}[ep.act]
+
+
+def default_mr(isa: Isa, kh: int, kw: int, epilogue: Epilogue = NO_EPILOGUE) -> int:
+    """The widest pixel step that leaves the taps in registers (DwKernel.taps_in_registers),
+    at most 8; 4 when they cannot stay there anyway (then they come from L1 or LLVM's spill
+    slots, one load per FMA either way, and only the accumulators matter)."""
+    room = isa.vector_registers - kh * kw - 3 - epilogue_registers(epilogue)
+    return min(8, room) if room >= 2 else 4
+
+
+def _generate(k: DwKernel) -> str:
+    lanes, vt = k.isa.lanes, k.isa.vector_type
+    fma = f"@llvm.fma.v{lanes}f32"
+    ep = k.epilogue
+    params = "ptr noalias %in, i32 %pix, i32 %col, i32 %row, ptr noalias %w, ptr noalias %out, i32 %n"
+    params += ", ptr noalias %bias" if ep.bias else ""
+    params += ", float %lo, float %hi" if ep.act == "clip" else ""
+    out = [f"define internal void @{k.name}({params}) alwaysinline {{", "entry:"]
+    for v in ("pix", "col", "row", "n"):
+        out.append(f"  %{v}64 = sext i32 %{v} to i64")
+    if ep.act == "clip":
+        out += clip_bounds_ir(vt, lanes)
+    out.append("  br label %h0")
+    for h in range(k.halves):
+        out += _half(k, h, vt, fma)
+    out += ["done:", "  ret void", "}", f"declare {vt} {fma}({vt}, {vt}, {vt})",
+            "!0 = distinct !{!0, !1}", '!1 = !{!"llvm.loop.unroll.disable"}', ""]
+    return "\n".join(out)
+
+
+def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:
+    """Lanes [h*lanes, (h+1)*lanes) of every pixel: taps, MR-pixel steps, single-pixel tail."""
+    lanes, ep = k.isa.lanes, k.epilogue
+    p = f"h{h}"
+    nxt = f"h{h + 1}" if h + 1 < k.halves else "done"
+    out = [f"h{h}:"]
+
+    def tap(r: int, s: int, where: str) -> str:
+        name = f"%{p}{where}w{r}_{s}"
+        out.append(f"  {name}p = getelementptr inbounds float, ptr %w, i64 {(r * k.kw + s) * BLOCK + h * lanes}")
+        out.append(f"  {name} = load {vt}, ptr {name}p, align 4")
+        return name
+
+    hoisted = {}
+    if k.taps_in_registers:
+        hoisted = {(r, s): tap(r, s, "") for r in range(k.kh) for s in range(k.kw)}
+    if ep.bias:
+        out.append(f"  %{p}bp = getelementptr inbounds float, ptr %bias, i64 {h * lanes}")
+        out.append(f"  %{p}b = load {vt}, ptr %{p}bp, align 4")
+    init = f"%{p}b" if ep.bias else "zeroinitializer"
+
+    def pixels(loop: str, count: int, x: str) -> None:
+        taps = hoisted or {(r, s): tap(r, s, loop) for r in range(k.kh) for s in range(k.kw)}
+        accs = [init] * count
+        for r in range(k.kh):
+            for s in range(k.kw):
+                out.append(f"  %{p}{loop}o{r}_{s} = add i64 %{p}{loop}rowoff{r}, {s}")
+                for m in range(count):
+                    a = f"%{p}{loop}a{r}_{s}_{m}"
+                    out.append(f"  {a}o = add i64 %{p}{loop}xo{m}, %{p}{loop}c{r}_{s}")
+                    out.append(f"  {a}p = getelementptr inbounds float, ptr %in, i64 {a}o")
+                    out.append(f"  {a} = load {vt}, ptr {a}p, align 4")
+                    out.append(f"  %{p}{loop}acc{r}_{s}_{m} = call {vt} {fma}({vt} {a}, {vt} {taps[r, s]}, {vt} {accs[m]})")
+                    accs[m] = f"%{p}{loop}acc{r}_{s}_{m}"
+        for m in range(count):
+            v = activation_ir(ep.act, vt, lanes, accs[m], f"{p}{loop}{m}", out)
+            out.append(f"  %{p}{loop}x{m} = add i64 {x}, {m}")
+            out.append(f"  %{p}{loop}yo{m} = mul i64 %{p}{loop}x{m}, {BLOCK}")
+            out.append(f"  %{p}{loop}yoh{m} = add i64 %{p}{loop}yo{m}, {h * lanes}")
+            out.append(f"  %{p}{loop}yp{m} = getelementptr inbounds float, ptr %out, i64 %{p}{loop}yoh{m}")
+            out.append(f"  store {vt} {v}, ptr %{p}{loop}yp{m}, align 4")
+
+    def offsets(loop: str, count: int, x: str) -> None:
+        """Input offsets: per pixel x*pix + half; per tap r*row + s*col."""
+        for m in range(count):
+            out.append(f"  %{p}{loop}xm{m} = add i64 {x}, {m}")
+            out.append(f"  %{p}{loop}xp{m} = mul i64 %{p}{loop}xm{m}, %pix64")
+            out.append(f"  %{p}{loop}xo{m} = add i64 %{p}{loop}xp{m}, {h * lanes}")
+        for r in range(k.kh):
+            out.append(f"  %{p}{loop}rowoff{r} = mul i64 %row64, {r}")
+            for s in range(k.kw):
+                out.append(f"  %{p}{loop}cs{r}_{s} = mul i64 %col64, {s}")
+                out.append(f"  %{p}{loop}c{r}_{s} = add i64 %{p}{loop}rowoff{r}, %{p}{loop}cs{r}_{s}")
+
+    # MR-pixel steps while a whole step fits, then one pixel at a time. Both loops test before
+    # their first trip, so n < MR (or n = 0) runs only the tail (or nothing).
+    out += [f"  br label %{p}mh",
+            f"{p}mh:", f"  %{p}mx = phi i64 [0, %h{h}], [%{p}mxn, %{p}m]",
+            f"  %{p}mend = add i64 %{p}mx, {k.mr}", f"  %{p}mok = icmp sle i64 %{p}mend, %n64",
+            f"  br i1 %{p}mok, label %{p}m, label %{p}th",
+            f"{p}m:"]
+    offsets("m", k.mr, f"%{p}mx")
+    pixels("m", k.mr, f"%{p}mx")
+    out += [f"  %{p}mxn = add i64 %{p}mx, {k.mr}", f"  br label %{p}mh, !llvm.loop !0",
+            f"{p}th:", f"  %{p}tx = phi i64 [%{p}mx, %{p}mh], [%{p}txn, %{p}t]",
+            f"  %{p}tok = icmp slt i64 %{p}tx, %n64", f"  br i1 %{p}tok, label %{p}t, label %{nxt}",
+            f"{p}t:"]
+    offsets("t", 1, f"%{p}tx")
+    pixels("t", 1, f"%{p}tx")
+    out += [f"  %{p}txn = add i64 %{p}tx, 1", f"  br label %{p}th, !llvm.loop !0"]
+    return out

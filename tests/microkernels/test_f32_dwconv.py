@@ -1,0 +1,35 @@
+"""The depthwise kernel generator: names, the register budget, refusals."""
+
+import pytest
+
+from microkernels import AVX2, AVX512, NEON, Epilogue, TileError
+from microkernels.f32_dwconv import DwKernel, default_mr
+
+
+@pytest.mark.parametrize("isa, k, mr, in_regs", [
+    (AVX512, 3, 8, True), (AVX512, 5, 4, True), (AVX512, 7, 4, False),
+    (AVX2, 3, 4, True), (AVX2, 5, 4, False),
+])
+def test_default_step_and_whether_taps_stay_in_registers(isa, k, mr, in_regs):
+    kern = DwKernel(isa, k, k, default_mr(isa, k, k))
+    assert kern.mr == mr and kern.taps_in_registers == in_regs
+    # The budget: taps + MR accumulators + 3 spare, within the register file.
+    assert in_regs == (k * k + mr + 3 <= isa.vector_registers)
+
+
+def test_names_say_everything():
+    kern = DwKernel(AVX2, 3, 5, 4, Epilogue(bias=True, act="clip"))
+    assert kern.name == "mk_f32_dwconv_3x5_4x16_avx2_bias_clip"
+    assert kern.halves == 2 and DwKernel(AVX512, 3, 3, 8).halves == 1
+
+
+@pytest.mark.parametrize("args, msg", [
+    ((NEON, 3, 3, 4), "x86 kernels"),
+    ((AVX512, 3, 3, 32), "do not fit"),
+    ((AVX512, 0, 3, 4), "KH must be a positive int"),
+])
+def test_refusals(args, msg):
+    with pytest.raises(TileError, match=msg):
+        DwKernel(*args)
+    with pytest.raises(TileError, match="not a residual"):
+        DwKernel(AVX512, 3, 3, 4, Epilogue(residual=True))

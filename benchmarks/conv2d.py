@@ -44,19 +44,32 @@ class Layer:
     pad: int
     count: int
     row: int = 0  # position in the workload file
+    groups: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.c}x{self.h}x{self.w}->{self.o} k{self.k} s{self.stride} p{self.pad}"
+        g = f" g{self.groups}" if self.groups > 1 else ""
+        return f"{self.c}x{self.h}x{self.w}->{self.o} k{self.k} s{self.stride} p{self.pad}{g}"
+
+    @property
+    def weight_shape(self) -> tuple:
+        return (self.o, self.c // self.groups, self.k, self.k)
+
+    @property
+    def kind(self) -> str:
+        """depthwise (one channel per group), pointwise (1x1, groups 1) or other."""
+        if self.groups > 1 and self.groups == self.c:
+            return "depthwise"
+        return "pointwise" if self.k == 1 and self.groups == 1 else "other"
 
     def conv(self, isa: Isa, threads: int, algorithm: str = "direct"):
         """Our op for `algorithm`: "direct", "auto" (conv2d's default choice) or "wino2"/"wino4"/
         "wino6" (Winograd F(m x m, 3 x 3)); None where Winograd cannot compute the layer."""
-        shapes = (1, self.c, self.h, self.w), (self.o, self.c, self.k, self.k)
-        kw = dict(stride=self.stride, padding=self.pad, target=f"x86-{isa.name}", threads=threads)
+        shapes = (1, self.c, self.h, self.w), self.weight_shape
+        kw = dict(stride=self.stride, padding=self.pad, groups=self.groups, target=f"x86-{isa.name}", threads=threads)
         if algorithm in ("direct", "auto"):
             return schedules.conv2d(*shapes, algorithm=algorithm, **kw)
-        if refusal(geometry(*shapes, stride=self.stride, padding=self.pad)):
+        if refusal(geometry(*shapes, stride=self.stride, padding=self.pad, groups=self.groups)):
             return None
         return schedules.conv2d(*shapes, algorithm="winograd", tile=int(algorithm.removeprefix("wino")), **kw)
 
@@ -76,7 +89,9 @@ def load_workloads(source: str | Path = DEFAULT_WORKLOADS) -> list[Layer]:
         raise FileNotFoundError(f"no workload table {str(source)!r}: not a file, nor one of the packaged "
                                 f"tables {workload_names()}")
     keys = ("in_channels", "height", "width", "out_channels", "kernel", "stride", "padding", "count")
-    return [Layer(*(int(row[k]) for k in keys), row=i) for i, row in enumerate(csv.DictReader(io.StringIO(text)))]
+    # "groups" is optional: the ResNet-50 table has none (every layer groups = 1).
+    return [Layer(*(int(row[k]) for k in keys), row=i, groups=int(row.get("groups") or 1))
+            for i, row in enumerate(csv.DictReader(io.StringIO(text)))]
 
 
 def torch_version() -> str | None:
@@ -107,7 +122,8 @@ def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, co
 
     torch.set_num_threads(threads)
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-    run = lambda: torch.nn.functional.conv2d(tx, tw, stride=layer.stride, padding=layer.pad)  # noqa: E731
+    run = lambda: torch.nn.functional.conv2d(tx, tw, stride=layer.stride, padding=layer.pad,  # noqa: E731
+                                             groups=layer.groups)
     times = []
     with torch.no_grad():
         run()
@@ -144,11 +160,14 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 f" {'torch ms':>8s} {'ours/torch':>10s} {'/direct':>8s}  plan")
             tot_ours = {a: 0.0 for a in algorithms}
             tot_torch = 0.0
+            by_kind: dict[str, list[float]] = {}  # kind -> [ours (first algorithm), torch], weighted
             rows = []
             for layer, by_algo in zip(layers, ops):
                 x = rng.standard_normal((1, layer.c, layer.h, layer.w), dtype=np.float32)
-                w = rng.standard_normal((layer.o, layer.c, layer.k, layer.k), dtype=np.float32)
+                w = rng.standard_normal(layer.weight_shape, dtype=np.float32)
                 number = calls_per_repeat(by_algo["direct"].flops, peak, cold)
+                if threads > 1:
+                    time.sleep(0.1)  # the previous layer's TVM workers spin for a while: let them stop
                 ref = torch_seconds(layer, x, w, threads, number, repeat, cold) if tv else None
                 if ref is not None:
                     tot_torch += ref * layer.count
@@ -161,9 +180,14 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                     base = ours if algo == "direct" else base
                     gf = op.flops / ours / 1e9
                     tot_ours[algo] += ours * layer.count
+                    if algo == "direct":
+                        kind = by_kind.setdefault(layer.kind, [0.0, 0.0])
+                        kind[0] += ours * layer.count
+                        kind[1] += (ref or 0.0) * layer.count
                     p = op.plan
                     plan = (f"F({p['tile']}) {p['bands']} bands of {p['tiles_per_band']} tiles, U {p['weight_bytes'] >> 10} KiB"
                             if p["algorithm"] == "winograd" else
+                            f"depthwise, bands of {p['band_rows']} rows" if p["algorithm"] == "depthwise" else
                             f"{'bands' if p['band_parallel'] else 'blocks'} of {p['band_rows']} rows")
                     tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}" if ref is not None else f" {'-':>8s} {'-':>10s}"
                     rel = f"{ours / base:8.2f}"
@@ -177,6 +201,10 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 for algo, op in by_algo.items():  # a layer Winograd skips costs direct's time
                     if op is None:
                         tot_ours[algo] += base * layer.count
+            if len(by_kind) > 1:
+                log("  by kind (direct): " + "; ".join(
+                    f"{k} ours {o * 1e3:.2f} ms" + (f", torch {t * 1e3:.2f} ms, ours/torch {o / t:.2f}" if tv and t else "")
+                    for k, (o, t) in sorted(by_kind.items())))
             flops = sum(by_algo["direct"].flops * layer.count for layer, by_algo in zip(layers, ops))
             for algo in algorithms:
                 summary = (f"  weighted total {algo}: ours {tot_ours[algo] * 1e3:.2f} ms"
@@ -185,6 +213,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                     summary += f", torch {tot_torch * 1e3:.2f} ms, ours/torch {tot_ours[algo] / tot_torch:.2f}"
                 log(summary)
             out["runs"].append({"threads": threads, "cache": mode, "layers": rows,
+                                "by_kind_ms": {k: {"ours": o * 1e3, "torch": t * 1e3 if tv else None}
+                                               for k, (o, t) in by_kind.items()},
                                 "total_ours_ms": {a: t * 1e3 for a, t in tot_ours.items()},
                                 "total_torch_ms": tot_torch * 1e3 if tv else None})
     return out

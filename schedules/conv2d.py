@@ -378,6 +378,10 @@ class Conv2dOp(CompiledOp):
     def blocked_out_shape(self) -> tuple:
         return self.geometry.out_shape
 
+    @property
+    def bias_shape(self) -> tuple:  # what pack_bias returns
+        return self.geometry.bias_shape
+
     def to_blocked(self, data: np.ndarray) -> np.ndarray:
         g = self.geometry
         check_array("data", data, (g.n, g.c, g.h, g.w), "float32")
@@ -405,7 +409,7 @@ class Conv2dOp(CompiledOp):
         check_array("data", data_b, self.blocked_data_shape, "float32")
         check_array("weight", weight_b, self.blocked_weight_shape, "float32")
         extra = []
-        for label, arr, on, shape in (("bias", bias_b, self.post.bias, self.geometry.bias_shape),
+        for label, arr, on, shape in (("bias", bias_b, self.post.bias, self.bias_shape),
                                       ("residual", residual_b, self.post.residual, self.blocked_out_shape)):
             if on != (arr is not None):
                 raise ValueError(f"this conv2d was compiled {'with' if on else 'without'} a {label}: "
@@ -555,6 +559,12 @@ def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
             mod, plan = winograd.schedule_winograd(g, isa, tile, pool, blocking, post)
             plan["reason"] = reason or "algorithm='winograd'"
             return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post, threads, emulate)
+    from . import depthwise  # it builds on this module
+
+    if depthwise.applies(g):
+        mod, plan = depthwise.schedule_depthwise(g, isa, pool, blocking, post)
+        plan["reason"] = "groups = input channels: the depthwise kernel"
+        return Scheduled(depthwise.DepthwiseConv2dOp, g, isa, mod, plan, post, threads, emulate)
     vh, band_parallel = _bands(g, blocking, pool)
     text, tiles = _render(g, isa, mr, vh, band_parallel, post)
     func = parser.parse(text, extra_vars={"T": T})

@@ -63,6 +63,16 @@ def test_bench_conv2d_reads_its_packaged_table(clone):
     assert "weighted total wino4" in out, out
 
 
+def test_bench_conv2d_mobilenet_table_has_groups(clone):
+    """The packaged MobileNetV2 table: its depthwise rows run on the depthwise path, and the
+    totals are split by kind."""
+    out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--workloads", "mobilenet_v2", "--layers", "1", "2",
+              "--threads", "1", "--cache", "warm", "--repeat", "1")
+    rows = [line for line in out.splitlines() if "32x112x112->32 k3 s1 p1 g32" in line]
+    assert len(rows) == 1 and "depthwise" in rows[0], out
+    assert "by kind (direct): depthwise ours" in out and "pointwise ours" in out, out
+
+
 def test_bench_resnet50_runs_from_a_clone(clone):
     """The whole network from the clone's own models/ package (about a minute: two builds)."""
     out = cli(clone, "-m", "microkernels", "bench", "resnet50", "--threads", "1", "--repeat", "1", "--no-default")
@@ -91,7 +101,9 @@ def test_check_tools_reports_every_tool(clone):
 
 
 def test_packaged_tables_load_and_unknown_ones_are_named():
-    assert "resnet50_v1.5" in conv2d.workload_names()
+    assert {"resnet50_v1.5", "mobilenet_v2"} <= set(conv2d.workload_names())
+    mobilenet = conv2d.load_workloads("mobilenet_v2")
+    assert len(mobilenet) == 30 and sum(layer.kind == "depthwise" for layer in mobilenet) == 10
     layers = conv2d.load_workloads()
     assert len(layers) == 23 and sum(layer.count for layer in layers) == 53
     with pytest.raises(FileNotFoundError, match=r"'nope'.*resnet50_v1\.5"):

@@ -1,0 +1,171 @@
+"""FP32 depthwise conv2d (groups = input channels, out = multiplier x in) on the depthwise kernel.
+
+Channels stay in the vector lanes end to end: data NCHW16c with the channels padded to whole
+blocks (not each one-channel group padded to a block of 16, which is what the grouped direct
+conv does and why it ran depthwise layers 16x too slow), weights (OB, KH, KW, 16), output
+NCHW16c. Loop nest: (image, output block, band of rows) in parallel; per band, the rows the
+band needs are packed with their zero padding into P (ph x pw x 16, in L2) — lane l of output
+block o reads input channel (16*o + l) / multiplier, so a channel multiplier > 1 is the same
+loop; then one kernel call per output row computes every pixel of it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import s_tir
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from intrinsics.f32_conv import element_body
+from intrinsics.f32_dwconv import DwRow, register_dw
+from microkernels import Isa
+from microkernels.f32_dwconv import BLOCK, DwKernel, default_mr
+
+from . import layouts
+from .conv2d import Conv2dOp, ConvBlocking, Geometry, PostOps, _ceil_div
+from .targets import check_array
+
+
+def applies(g: Geometry) -> bool:
+    """A depthwise layer: one input channel per group."""
+    return g.groups == g.c and g.groups > 1 and g.cg == 1
+
+
+def shapes(g: Geometry) -> dict[str, tuple]:
+    oh, ow = g.out_hw
+    cb, ob = _ceil_div(g.c, BLOCK), _ceil_div(g.o, BLOCK)
+    return {"data": (g.n, cb, g.h, g.w, BLOCK), "weight": (ob, g.kh, g.kw, BLOCK), "bias": (ob, BLOCK),
+            "out": (g.n, ob, oh, ow, BLOCK)}
+
+
+def _band_rows(g: Geometry, blocking: ConvBlocking, threads: int) -> int:
+    """Output rows per band: the whole map when its packed input fits in half of L2 and there
+    are enough (image, block) jobs for the threads; else the most rows whose input fits in a
+    quarter of L2."""
+    oh, ow = g.out_hw
+    pw = (ow - 1) * g.stride[1] + (g.kw - 1) * g.dilation[1] + 1
+    rows_for = lambda vh: (vh - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1  # noqa: E731
+    jobs = g.n * _ceil_div(g.o, BLOCK)
+    if rows_for(oh) * pw * BLOCK * 4 <= blocking.image_budget and jobs >= threads:
+        return oh
+    fits = [d for d in range(1, oh + 1) if oh % d == 0 and rows_for(d) * pw * BLOCK * 4 <= blocking.band_budget]
+    return max(fits) if fits else 1
+
+
+def _render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[str, DwRow | None]:
+    s = shapes(g)
+    oh, ow = g.out_hw
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    top, left = g.pad[0], g.pad[1]
+    ob, nb = s["out"][1], oh // vh
+    mult = g.o // g.c
+    ph = (vh - 1) * sh + (g.kh - 1) * dh + 1
+    pw = (ow - 1) * sw + (g.kw - 1) * dw + 1
+    full = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
+    ep = post.epilogue
+    params = (f"D: T.Buffer({s['data']}, 'float32'), Wt: T.Buffer({s['weight']}, 'float32'),"
+              + (f" Bias: T.Buffer({s['bias']}, 'float32')," if ep.bias else "")
+              + f" Out: T.Buffer({s['out']}, 'float32')")
+    ch = f"((vo * {BLOCK} + vl) // {mult})" if mult > 1 else f"(vo * {BLOCK} + vl)"
+    row = f"vyb * {vh * sh} + vr - {top}"
+    col = f"vx - {left}"
+    L = [
+        "@T.prim_func(s_tir=True)",
+        f"def main({params}):",
+        "    T.func_attr({'tirx.noalias': True})",
+        f"    for job in T.parallel({g.n * ob * nb}):",
+        "        with T.sblock('band'):",
+        f"            vn = T.axis.spatial({g.n}, job // {ob * nb})",
+        f"            vo = T.axis.spatial({ob}, job // {nb} % {ob})",
+        f"            vyb = T.axis.spatial({nb}, job % {nb})",
+        f"            T.reads(D[vn, {full(s['data'][1:])}], Wt[vo, {full(s['weight'][1:])}]"
+        + (f", Bias[vo, 0:{BLOCK}])" if ep.bias else ")"),
+        f"            T.writes(Out[vn, vo, vyb * {vh}:vyb * {vh} + {vh}, 0:{ow}, 0:{BLOCK}])",
+        f"            P = T.alloc_buffer(({ph}, {pw}, {BLOCK}), 'float32')",
+        f"            for r, x, l in T.grid({ph}, {pw}, {BLOCK}):",
+        "                with T.sblock('pack'):",
+        "                    vr, vx, vl = T.axis.remap('SSS', [r, x, l])",
+        "                    P[vr, vx, vl] = T.if_then_else(",
+        f"                        0 <= {row} and {row} < {g.h} and 0 <= {col} and {col} < {g.w}"
+        f" and vo * {BLOCK} + vl < {g.o},",
+        f"                        D[vn, {ch} // {BLOCK}, {row}, {col}, {ch} % {BLOCK}], T.float32(0))",
+        f"            for yi, x, l in T.grid({vh}, {ow}, {BLOCK}):",
+        "                with T.sblock('dw'):",
+        "                    vyi, vx, vl = T.axis.remap('SSS', [yi, x, l])",
+    ]
+    red = [(n, e) for n, e in (("r", g.kh), ("s", g.kw)) if e > 1]
+    r = "r" if g.kh > 1 else "0"
+    c = "s" if g.kw > 1 else "0"
+    L += element_body(f"Out[vn, vo, vyb * {vh} + vyi, vx, vl]", f"P[vyi * {sh} + {r} * {dh}, vx * {sw} + {c} * {dw}, vl]",
+                      f"Wt[vo, {r}, {c}, vl]", red, " " * 20, "Bias[vo, vl]" if ep.bias else None, None, ep.act,
+                      post.clip)
+    tile = None
+    if ow >= 2 and red:
+        kern = DwKernel(isa, g.kh, g.kw, default_mr(isa, g.kh, g.kw, ep), ep)
+        tile = DwRow(kern, ow, sw, dh, dw, post.clip)
+    return "\n".join(L) + "\n", tile
+
+
+class DepthwiseConv2dOp(Conv2dOp):
+    """A compiled depthwise conv2d: Conv2dOp's calls on its own blocked shapes (module doc)."""
+
+    @property
+    def blocked_data_shape(self) -> tuple:
+        return shapes(self.geometry)["data"]
+
+    @property
+    def blocked_weight_shape(self) -> tuple:
+        return shapes(self.geometry)["weight"]
+
+    @property
+    def blocked_out_shape(self) -> tuple:
+        return shapes(self.geometry)["out"]
+
+    @property
+    def bias_shape(self) -> tuple:
+        return shapes(self.geometry)["bias"]
+
+    def to_blocked(self, data: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        check_array("data", data, (g.n, g.c, g.h, g.w), "float32")
+        return layouts.to_nchwc(data, BLOCK)
+
+    def from_blocked(self, out: np.ndarray) -> np.ndarray:
+        check_array("out", out, self.blocked_out_shape, "float32")
+        return layouts.from_nchwc(out, self.geometry.o)
+
+    def pack_weights(self, weight: np.ndarray) -> np.ndarray:
+        """OIHW (O, 1, KH, KW) -> (OB, KH, KW, 16), output channels zero-padded to blocks."""
+        g = self.geometry
+        check_array("weight", weight, (g.o, 1, g.kh, g.kw), "float32")
+        ob = self.blocked_weight_shape[0]
+        full = np.zeros((ob * BLOCK, g.kh, g.kw), np.float32)
+        full[:g.o] = weight[:, 0]
+        return np.ascontiguousarray(full.reshape(ob, BLOCK, g.kh, g.kw).transpose(0, 2, 3, 1))
+
+    def pack_bias(self, bias: np.ndarray) -> np.ndarray:
+        g = self.geometry
+        check_array("bias", bias, (g.o,), "float32")
+        full = np.zeros(self.bias_shape[0] * BLOCK, np.float32)
+        full[:g.o] = bias
+        return full.reshape(self.bias_shape)
+
+
+def schedule_depthwise(g: Geometry, isa: Isa, threads: int, blocking: ConvBlocking,
+                       post: PostOps) -> tuple[tvm.IRModule, dict]:
+    if post.residual:
+        raise ValueError("a depthwise conv2d fuses bias and an activation, not a residual")
+    vh = _band_rows(g, blocking, threads)
+    text, tile = _render(g, isa, vh, post)
+    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    if tile is not None:
+        sch.tensorize(sch.get_loops(sch.get_sblock("dw"))[-2], register_dw(tile))
+    elif g.kh * g.kw == 1:
+        # A 1x1 layer stays plain TIR, one statement per element: its 16 lanes are one vector
+        # (left to itself, LLVM vectorized along the pixels with gathers and scatters).
+        sch.vectorize(sch.get_loops(sch.get_sblock("dw"))[-1])
+    sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
+    plan = {"algorithm": "depthwise", "band_rows": vh, "multiplier": g.o // g.c,
+            "kernel": tile.kern.name if tile else None}
+    return sch.mod, plan

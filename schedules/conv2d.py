@@ -18,6 +18,7 @@ and the output-channel blocks otherwise.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -565,6 +566,10 @@ def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         mod, plan = depthwise.schedule_depthwise(g, isa, pool, blocking, post)
         plan["reason"] = "groups = input channels: the depthwise kernel"
         return Scheduled(depthwise.DepthwiseConv2dOp, g, isa, mod, plan, post, threads, emulate)
+    cls, user = Conv2dOp, g
+    if _super_groups(g) is not None:  # small groups: blocks of 16 channels with block-diagonal weights
+        g = _super_groups(g)
+        cls = functools.partial(GroupedConv2dOp, user_geometry=user)
     vh, band_parallel = _bands(g, blocking, pool)
     text, tiles = _render(g, isa, mr, vh, band_parallel, post)
     func = parser.parse(text, extra_vars={"T": T})
@@ -577,4 +582,43 @@ def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     plan = {"algorithm": "direct", "reason": reason or "algorithm='direct'", "mr": mr, "band_rows": vh, "band_parallel": band_parallel,
             "segments": _segments(g.out_hw[1], mr)}
-    return Scheduled(Conv2dOp, g, isa, sch.mod, plan, post, threads, emulate)
+    if user is not g:
+        plan["block_diagonal"] = f"{user.groups} groups of {user.cg} channels as {g.groups} of {g.cg}"
+    return Scheduled(cls, g, isa, sch.mod, plan, post, threads, emulate)
+
+
+def _super_groups(g: Geometry) -> Geometry | None:
+    """A grouped layer whose groups are narrower than a block (ResNeXt's 4 or 8 channels per
+    group), as groups of whole 16-channel blocks: each spans 16 / cg of the layer's groups, and
+    its weight panel is block-diagonal (zeros between groups). The tiles then do 16 / cg times
+    the layer's multiply-adds, where padding each group's input and output channels to a block
+    did (16 / cg) * (16 / og) times. None when the layer is not of that kind."""
+    b = g.block
+    if not (1 < g.cg < b and b % g.cg == 0 and g.og % g.cg == 0 and g.c % b == 0):
+        return None
+    span = b // g.cg  # layer groups per block
+    return Geometry(g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad, g.dilation, g.groups // span, b)
+
+
+class GroupedConv2dOp(Conv2dOp):
+    """A grouped conv2d run as wider groups with block-diagonal weights (_super_groups): takes
+    the layer's own OIHW weights (O, C/groups, KH, KW); `user_geometry` is the layer as given."""
+
+    def __init__(self, geometry, isa, lib, threads, plan, post=NO_POST_OPS, emulate=False, *, user_geometry):
+        super().__init__(geometry, isa, lib, threads, plan, post, emulate)
+        self.user_geometry = user_geometry
+
+    @property
+    def flops(self) -> int:  # the layer's, not the zeros of the block-diagonal panels
+        return self.user_geometry.flops
+
+    def pack_weights(self, weight: np.ndarray) -> np.ndarray:
+        u, g = self.user_geometry, self.geometry
+        check_array("weight", weight, (u.o, u.cg, u.kh, u.kw), "float32")
+        wide = np.zeros((g.o, g.cg, g.kh, g.kw), np.float32)
+        o = np.arange(u.o)
+        group = o // u.og  # the layer's group of each output channel
+        first = group * u.cg % g.cg  # where that group's channels start inside its block
+        for j in range(u.cg):
+            wide[o, first + j] = weight[:, j]
+        return layouts.pack_weights(wide, g.bi, g.block, g.groups)

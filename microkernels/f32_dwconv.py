@@ -83,6 +83,18 @@ def default_mr(isa: Isa, kh: int, kw: int, epilogue: Epilogue = NO_EPILOGUE) -> 
     return min(8, room) if room >= 2 else 4
 
 
+def row_mr(isa: Isa, kh: int, kw: int, ow: int, epilogue: Epilogue = NO_EPILOGUE) -> int:
+    """The pixel step for a row of `ow` pixels: at most default_mr, chosen to waste least on the
+    single-pixel tail, whose KH*KW FMAs form one dependent chain. Cost model, in FMA slots: a
+    step of m pixels costs max(m, CHAINS) (fewer than CHAINS independent accumulators leave the
+    FMA pipes idle: latency 4 x 2 pipes), a tail pixel CHAINS. A 14-wide row then runs as two
+    steps of 7 instead of one of 8 and six single pixels."""
+    chains = 8
+    best = default_mr(isa, kh, kw, epilogue)
+    cost = lambda m: (ow // m) * max(m, chains) + (ow % m) * chains  # noqa: E731
+    return min(range(2, best + 1), key=lambda m: (cost(m), -m)) if best >= 2 else best
+
+
 def _generate(k: DwKernel) -> str:
     lanes, vt = k.isa.lanes, k.isa.vector_type
     fma = f"@llvm.fma.v{lanes}f32"

@@ -20,7 +20,7 @@ from tvm.script import tirx as T
 from intrinsics.f32_conv import element_body
 from intrinsics.f32_dwconv import DwRow, register_dw
 from microkernels import Isa
-from microkernels.f32_dwconv import BLOCK, DwKernel, default_mr
+from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
 
 from . import layouts
 from .conv2d import Conv2dOp, ConvBlocking, Geometry, PostOps, _ceil_div
@@ -102,7 +102,7 @@ def _render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[str, DwRow |
                       post.clip)
     tile = None
     if ow >= 2 and red:
-        kern = DwKernel(isa, g.kh, g.kw, default_mr(isa, g.kh, g.kw, ep), ep)
+        kern = DwKernel(isa, g.kh, g.kw, row_mr(isa, g.kh, g.kw, ow, ep), ep)
         tile = DwRow(kern, ow, sw, dh, dw, post.clip)
     return "\n".join(L) + "\n", tile
 

@@ -33,3 +33,13 @@ def test_refusals(args, msg):
         DwKernel(*args)
     with pytest.raises(TileError, match="not a residual"):
         DwKernel(AVX512, 3, 3, 4, Epilogue(residual=True))
+
+
+def test_row_step_avoids_long_single_pixel_tails():
+    from microkernels.f32_dwconv import row_mr
+
+    # 14 = 2 x 7 rather than 8 + six dependent single-pixel chains; 56 = 7 x 8.
+    assert row_mr(AVX512, 3, 3, 14) == 7 and row_mr(AVX512, 3, 3, 56) == 8
+    for isa in (AVX512, AVX2):
+        for ow in range(2, 120):
+            assert 2 <= row_mr(isa, 3, 3, ow) <= default_mr(isa, 3, 3)

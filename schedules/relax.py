@@ -20,10 +20,12 @@ Everything else stays TVM's: compile the result with `tvm.compile(mod, target=Ta
 Which convs run where (one log line each on the "tvm_microkernels.relax" logger, and in the
 `report` list when one is passed):
   - blocked by ConvertLayout (channels per group multiples of 16): ours, direct or Winograd;
-  - left in NCHW with groups = 1 (a 3-channel first layer): ours, between two layout
-    transforms of its own, weights packed here;
-  - anything else (grouped or depthwise convs whose groups are not whole 16-channel blocks,
-    non-float32, weights that are not constants on the NCHW path): TVM's default lowering.
+  - left in NCHW with groups = 1 (a 3-channel first layer) or depthwise (groups = channels,
+    which ConvertLayout does not block): ours, between layout transforms of its own, weights
+    packed here; a last step cancels each transform pair that undoes itself, so a depthwise
+    layer between blocked neighbours runs blocked with no transform at all;
+  - anything else (grouped convs whose groups are not whole 16-channel blocks, non-float32,
+    weights that are not constants on the NCHW path): TVM's default lowering.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ class _Conv:
     clip: tuple[float, float] = (0.0, 6.0)
     skipped: list = field(default_factory=list)  # the fused bindings' vars
 
+    @property
+    def depthwise(self) -> bool:  # its kernel fuses bias and an activation, not a residual
+        return self.weight_shape[1] == 1 and self.data_shape[1] > 1 and self.call.attrs.groups == self.data_shape[1]
+
 
 def _attrs_ok(a, blocked: bool, block: int) -> bool:
     want = (f"NCHW{block}c", f"OIHW{block}i{block}o", f"NCHW{block}c") if blocked else ("NCHW", "OIHW", "NCHW")
@@ -112,7 +118,7 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
         c, o = ds[1] * ds[4], ob * bo
         return _Conv(call, True, (ds[0], c, ds[2], ds[3]), (o, c // groups, kh, kw)), ""
     if len(ds) == 4 and _attrs_ok(a, False, block):
-        if groups != 1:
+        if groups != 1 and not (groups == ds[1] and ws[1] == 1):  # depthwise runs on ours
             return None, f"groups={groups} in NCHW (channels per group not whole {block}-channel blocks)"
         if _const(weight) is None:
             return None, "NCHW conv2d whose weights are not constants (bind params)"
@@ -177,7 +183,8 @@ def _fuse_chain(conv: _Conv, var, users: dict, uses: dict, block: int, claimed) 
             bias = _bias_vector(other, conv, block)
             if bias is not None and conv.bias is None:
                 conv.bias = bias
-            elif _shape(other) == _shape(cur) and _dtype(other) == "float32" and _const(other) is None:
+            elif (_shape(other) == _shape(cur) and _dtype(other) == "float32" and _const(other) is None
+                  and not conv.depthwise):
                 conv.residual = other
             else:
                 break
@@ -301,7 +308,7 @@ class _Swap(PyExprMutator):
         if s.plan["algorithm"] == "winograd" or not conv.blocked:
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
-        args = [data if conv.blocked else self._to_blocked(data, g.bi, g.c)]
+        args = [data if conv.blocked else self._to_blocked(data, op.blocked_data_shape[-1], g.c)]
         args.append(weight)
         if conv.bias is not None:
             args.append(relax.const(op.pack_bias(conv.bias.astype(np.float32))))
@@ -318,13 +325,13 @@ class _Swap(PyExprMutator):
                                          (s.post.activation or "", s.post.activation)) if on)
         s.plan["post_ops"] = post
         why = f"{s.plan['algorithm']}{' F' + str(s.plan['tile']) if s.plan.get('tile') else ''}" \
-              f"{', fused ' + post if post else ''}{'' if conv.blocked else ', NCHW with layout transforms'}"
+              f"{', fused ' + post if post else ''}{'' if conv.blocked else ', between layout transforms of its own'}"
         self._log(conv.call, "ours", why, s.plan)
-        out = relax.call_tir(gv, args, relax.TensorType(g.out_shape, "float32"))
+        out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
         if conv.blocked:
             return out
         y = self.builder_.emit(out)
-        n, ob, oh, ow, bo = g.out_shape
+        n, ob, oh, ow, bo = op.blocked_out_shape
         y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * bo + i, h, w))
         if ob * bo != g.o:
             y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[g.o])
@@ -343,7 +350,7 @@ def _unblock_weights(w: np.ndarray, g: Geometry) -> np.ndarray:
 
 
 def _func_name(g: Geometry, plan: dict, post: PostOps) -> str:
-    alg = f"wino{plan['tile']}" if plan["algorithm"] == "winograd" else "direct"
+    alg = f"wino{plan['tile']}" if plan["algorithm"] == "winograd" else plan["algorithm"]
     fused = "".join(f"_{p}" for p, on in (("bias", post.bias), ("res", post.residual),
                                            (post.activation, post.activation)) if on)
     return (f"mk_conv2d_{alg}_n{g.n}c{g.c}h{g.h}w{g.w}_o{g.o}k{g.kh}x{g.kw}s{g.stride[0]}x{g.stride[1]}"
@@ -356,7 +363,55 @@ def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report) -> tvm.IR
         if isinstance(func, relax.Function):
             mutator.plan(func)
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    mod = mutator.builder_.get()
+    cancel = _CancelTransforms(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            cancel.builder_.update_func(gv, cancel.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(cancel.builder_.get())
+
+
+_LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
+
+
+def _undoes(outer, inner) -> bool:
+    """Whether layout_transform `outer` exactly undoes `inner` (no padding on either side, the
+    round trip the identity on every index of the original shape that we try)."""
+    a, b = inner.attrs, outer.attrs
+    if a.pad_value is not None or b.pad_value is not None:
+        return False
+    shape = _shape(inner.args[0])
+    if shape is None or shape != _shape(outer):
+        return False
+    samples = {tuple(0 for _ in shape), tuple(d - 1 for d in shape), tuple(d // 2 for d in shape),
+               tuple(min(d - 1, i + 1) for i, d in enumerate(shape))}
+    for idx in samples:
+        back = b.index_map.map_indices(list(a.index_map.map_indices(list(idx))))
+        if tuple(int(v) for v in back) != idx:
+            return False
+    return True
+
+
+@expr_functor.mutator
+class _CancelTransforms(PyExprMutator):
+    """y = layout_transform(layout_transform(x, there), back) -> y = x. Our NCHW convs (the stem,
+    depthwise layers) come wrapped in transforms to and from NCHW16c, and ConvertLayout's blocked
+    neighbours add the opposite ones: these pairs cancel, and the blocked layout runs through."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.transforms: dict = {}  # var -> its layout_transform call (after remapping)
+
+    def visit_var_binding_(self, binding):
+        value = self.visit_expr(binding.value)
+        if _is_call(value, _LAYOUT_TRANSFORM):
+            src = value.args[0]
+            inner = self.transforms.get(src)
+            if inner is not None and _undoes(value, inner):
+                self.builder_.emit_normalized(relax.VarBinding(binding.var, inner.args[0]))
+                return
+            self.transforms[binding.var] = value
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
 
 
 def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,

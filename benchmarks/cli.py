@@ -1,4 +1,4 @@
-"""Command line: `python -m microkernels bench gemm|conv2d|arm|accuracy|resnet50 [...]`, `regen-asm`, `check-tools`."""
+"""Command line: `python -m microkernels bench gemm|conv2d|arm|accuracy|resnet50|mobilenet_v2 [...]`, `regen-asm`, `check-tools`."""
 
 from __future__ import annotations
 
@@ -72,12 +72,13 @@ def main(argv=None) -> int:
     acc.add_argument("--channels", nargs="+", type=int, default=[16, 64, 256, 512])
     acc.add_argument("--size", type=int, default=12, help="height and width of the layer")
     acc.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    r = bsub.add_parser("resnet50", help="whole ResNet-50 (Relax, our conv2d) vs TVM's default build and PyTorch")
-    r.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
-    r.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
-    r.add_argument("--repeat", type=int, default=10)
-    r.add_argument("--no-default", action="store_true", help="skip TVM's default build (slow to run)")
-    r.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    for model, title in (("resnet50", "ResNet-50"), ("mobilenet_v2", "MobileNetV2")):
+        r = bsub.add_parser(model, help=f"whole {title} (Relax, our conv2d) vs TVM's default build and PyTorch")
+        r.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
+        r.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
+        r.add_argument("--repeat", type=int, default=10)
+        r.add_argument("--no-default", action="store_true", help="skip TVM's default build (slow to run)")
+        r.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
     sub.add_parser("check-tools", help="self-check the ARM cross toolchains, qemu-user and llvm-mca")
     args = p.parse_args(argv)
@@ -113,10 +114,10 @@ def main(argv=None) -> int:
 
     from benchmarks import gemm
 
-    if args.what == "resnet50":
+    if args.what in ("resnet50", "mobilenet_v2"):
         from benchmarks import resnet50
 
-        result = resnet50.run(isa, threads, args.repeat, log, default_tvm=not args.no_default)
+        result = resnet50.run(isa, threads, args.repeat, log, default_tvm=not args.no_default, model=args.what)
     elif args.what == "accuracy":
         from benchmarks import accuracy
 

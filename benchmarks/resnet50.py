@@ -1,7 +1,8 @@
-"""`bench resnet50`: the whole network, ours (schedules.relax) against TVM's default Relax build
-and PyTorch eager (oneDNN), in one run.
+"""`bench resnet50` and `bench mobilenet_v2`: the whole network, ours (schedules.relax) against
+TVM's default Relax build and PyTorch eager (oneDNN), in one run.
 
-All three run the same network with the same weights (batch norm folded; models.resnet), batch 1,
+All three run the same network with the same weights (batch norm folded; models.resnet,
+models.mobilenet), batch 1,
 224x224, warm cache, latency of one forward pass. Ours and PyTorch are timed in alternating
 rounds (ours, PyTorch, ours, ...), and each side keeps the smallest of its per-round medians, so
 a drift of the shared machine's speed lands on both. TVM's default build is timed once per thread
@@ -92,22 +93,28 @@ def breakdown(vm, x, repeat: int = 5) -> dict[str, float]:
     return {c: statistics.median(s.get(c, 0.0) for s in spans) for c in cats}
 
 
-def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True) -> dict:
+def network(name: str):
+    """(the Relax module, the PyTorch module, the input size) of a benchmark network."""
+    from models import mobilenet, resnet
+
+    family, net = {"resnet50": (resnet, resnet.resnet), "mobilenet_v2": (mobilenet, mobilenet.mobilenet_v2)}[name]
+    net = net()
+    params = family.random_params(net)
+    return family.relax_module(net, params), family.torch_module(net, params), net.image
+
+
+def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True, model: str = "resnet50") -> dict:
     import torch
     import tvm
 
-    from models import resnet
     from schedules import relax as mkrelax
 
     require_host(isa)
     target = f"x86-{isa.name}"
-    net = resnet.resnet()
-    params = resnet.random_params(net)
-    mod = resnet.relax_module(net, params)
-    x_np = np.random.default_rng(1).standard_normal((1, 3, net.image, net.image)).astype(np.float32)
+    mod, tmodel, image = network(model)
+    x_np = np.random.default_rng(1).standard_normal((1, 3, image, image)).astype(np.float32)
     x = tvm.runtime.tensor(x_np)
     xt = torch.from_numpy(x_np)
-    tmodel = resnet.torch_module(net, params)
 
     t0 = time.perf_counter()
     report: list = []
@@ -123,7 +130,7 @@ def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True
     err = float(np.abs(got - want).max() / np.abs(want).max())
     log(f"ours vs PyTorch: max |diff| / max |PyTorch| = {err:.2e}")
 
-    result = {"isa": isa.name, "max_rel_diff_vs_torch": err, "threads": {}}
+    result = {"model": model, "isa": isa.name, "max_rel_diff_vs_torch": err, "threads": {}}
     log(f"{'threads':>7} {'ours ms':>9} {'unfused':>9} {'PyTorch':>9} {'TVM dflt':>9} {'ours/PT':>8} {'fusion saves':>12}")
     for t in threads:
         set_threads(t)

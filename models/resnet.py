@@ -18,11 +18,14 @@ RESNET50_STAGES = ((64, 3), (128, 4), (256, 6), (512, 3))  # (bottleneck width, 
 
 @dataclass(frozen=True)
 class Conv:
+    """One conv layer of a model (the models share it); padding keeps the map (k // 2)."""
+
     name: str
     cin: int
     cout: int
     k: int
     stride: int = 1
+    groups: int = 1
 
     @property
     def pad(self) -> int:

@@ -84,6 +84,12 @@ def test_bench_resnet50_runs_from_a_clone(clone):
     assert diff < 1e-4, out
 
 
+def test_bench_mobilenet_v2_runs_from_a_clone(clone):
+    out = cli(clone, "-m", "microkernels", "bench", "mobilenet_v2", "--threads", "1", "--repeat", "1", "--no-default")
+    assert "52/52 conv2d on our kernels" in out, out
+    assert float(out.split("max |PyTorch| = ")[1].split()[0]) < 1e-4, out
+
+
 def test_bench_arm_reads_its_packaged_table(clone):
     require_mca()
     out = cli(clone, "-m", "microkernels", "bench", "arm", "--layers", SMALL_LAYER)

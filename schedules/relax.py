@@ -94,7 +94,7 @@ class _Conv:
 
     @property
     def depthwise(self) -> bool:  # its kernel fuses bias and an activation, not a residual
-        return self.weight_shape[1] == 1 and self.data_shape[1] > 1 and self.call.attrs.groups == self.data_shape[1]
+        return self.weight_shape[1] == 1 and self.data_shape[1] > 1 and int(self.call.attrs.groups) == self.data_shape[1]
 
 
 def _attrs_ok(a, blocked: bool, block: int) -> bool:

@@ -237,3 +237,22 @@ def test_small_mobilenet_v2_matches_pytorch():
     with torch.no_grad():
         want = mobilenet.torch_module(net, params)(torch.from_numpy(x)).numpy()
     close(run(opt, x), want)
+
+
+def test_a_residual_after_a_depthwise_conv_stays_a_graph_add():
+    """The depthwise kernel fuses bias and activations but not a residual: the add stays."""
+    rng = np.random.default_rng(6)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 9, 9), "float32"))
+    w = relax.const((rng.standard_normal((32, 1, 3, 3)) * 0.3).astype(np.float32))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.nn.conv2d(x, w, padding=1, groups=32))
+            out = bb.emit_output(bb.emit(relax.op.add(d, x)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    report = []
+    opt = mkrelax.optimize(mod, HOST, report=report)
+    assert report[0]["algorithm"] == "depthwise" and report[0]["post_ops"] == "" and calls(opt, "relax.add") == 1
+    xv = rng.standard_normal((1, 32, 9, 9)).astype(np.float32)
+    close(run(opt, xv), run(mod, xv))

@@ -115,9 +115,9 @@ def main(argv=None) -> int:
     from benchmarks import gemm
 
     if args.what in ("resnet50", "mobilenet_v2"):
-        from benchmarks import resnet50
+        from benchmarks import network
 
-        result = resnet50.run(isa, threads, args.repeat, log, default_tvm=not args.no_default, model=args.what)
+        result = network.run(isa, threads, args.repeat, log, default_tvm=not args.no_default, model=args.what)
     elif args.what == "accuracy":
         from benchmarks import accuracy
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .emulate import DLPACK_CODE
+from .emulate import DLPACK_CODE, _validate
 
 HARNESS = Path(__file__).with_name("bochs_harness.c")
 PACKAGE = "bochscpu-python==0.3.1"  # 0.4.0 needs glibc 2.38 and does not import on Debian 12
@@ -190,8 +190,7 @@ def _segment(b, selector: int, attr: int):
 def run(lib, args: list[np.ndarray], outputs: list[int]) -> list[np.ndarray]:
     """Call `lib`'s "main" on `args` under Bochs; return copies of args[k] for k in `outputs`."""
     for i, a in enumerate(args):
-        if not isinstance(a, np.ndarray) or a.dtype.kind not in DLPACK_CODE or not a.flags.c_contiguous:
-            raise TypeError(f"args[{i}] must be a C-contiguous int/uint/float numpy array")
+        _validate(i, a)
     b = _bochs()
     segments, symbols = link(lib)
     with _LOCK:

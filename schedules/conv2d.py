@@ -150,6 +150,14 @@ class Geometry:
     def out_shape(self) -> tuple:
         return (self.n, self.groups * self.ob, *self.out_hw, self.block)
 
+    def input_rows(self, out_rows: int) -> int:
+        """Input rows (padding included) that `out_rows` consecutive output rows read."""
+        return (out_rows - 1) * self.stride[0] + (self.kh - 1) * self.dilation[0] + 1
+
+    def input_cols(self, out_cols: int) -> int:
+        """Input columns (padding included) that `out_cols` consecutive output pixels read."""
+        return (out_cols - 1) * self.stride[1] + (self.kw - 1) * self.dilation[1] + 1
+
     @property
     def bias_shape(self) -> tuple:  # per output block: NCHWc's channel order
         return (self.groups * self.ob, self.block)
@@ -249,11 +257,10 @@ def _bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool
     six layers where a bytes-moved model picked blocks-outer instead, bands were faster.)
     """
     oh, _ = g.out_hw
-    rows_for = lambda vh: (vh - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1  # noqa: E731
     row_bytes = g.groups * g.nb * g.bi * (g.w + g.pad[1] + g.pad[3]) * 4
-    if rows_for(oh) * row_bytes <= blocking.image_budget and g.groups * g.ob >= threads:
+    if g.input_rows(oh) * row_bytes <= blocking.image_budget and g.groups * g.ob >= threads:
         return oh, False
-    divisors = [d for d in range(1, oh + 1) if oh % d == 0 and rows_for(d) * row_bytes <= blocking.band_budget]
+    divisors = [d for d in range(1, oh + 1) if oh % d == 0 and g.input_rows(d) * row_bytes <= blocking.band_budget]
     vh = max(divisors) if divisors else 1
     # Enough bands that every thread gets the same number, where a divisor allows it.
     balanced = [d for d in divisors if (g.n * oh // d) % threads == 0]
@@ -270,8 +277,7 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool,
     top, left = g.pad[0], g.pad[1]
     nbands = oh // vh
     bi, bo = g.bi, g.block
-    ph = (vh - 1) * sh + (g.kh - 1) * dh + 1
-    pw = (ow - 1) * sw + (g.kw - 1) * dw + 1
+    ph, pw = g.input_rows(vh), g.input_cols(ow)
     icb = g.groups * g.nb
     L = [
         "@T.prim_func(s_tir=True)",

@@ -44,12 +44,11 @@ def _band_rows(g: Geometry, blocking: ConvBlocking, threads: int) -> int:
     are enough (image, block) jobs for the threads; else the most rows whose input fits in a
     quarter of L2."""
     oh, ow = g.out_hw
-    pw = (ow - 1) * g.stride[1] + (g.kw - 1) * g.dilation[1] + 1
-    rows_for = lambda vh: (vh - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1  # noqa: E731
+    row_bytes = g.input_cols(ow) * BLOCK * 4
     jobs = g.n * _ceil_div(g.o, BLOCK)
-    if rows_for(oh) * pw * BLOCK * 4 <= blocking.image_budget and jobs >= threads:
+    if g.input_rows(oh) * row_bytes <= blocking.image_budget and jobs >= threads:
         return oh
-    fits = [d for d in range(1, oh + 1) if oh % d == 0 and rows_for(d) * pw * BLOCK * 4 <= blocking.band_budget]
+    fits = [d for d in range(1, oh + 1) if oh % d == 0 and g.input_rows(d) * row_bytes <= blocking.band_budget]
     return max(fits) if fits else 1
 
 
@@ -60,8 +59,7 @@ def _render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[str, DwRow |
     top, left = g.pad[0], g.pad[1]
     ob, nb = s["out"][1], oh // vh
     mult = g.o // g.c
-    ph = (vh - 1) * sh + (g.kh - 1) * dh + 1
-    pw = (ow - 1) * sw + (g.kw - 1) * dw + 1
+    ph, pw = g.input_rows(vh), g.input_cols(ow)
     full = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
     ep = post.epilogue
     params = (f"D: T.Buffer({s['data']}, 'float32'), Wt: T.Buffer({s['weight']}, 'float32'),"

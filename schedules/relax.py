@@ -41,7 +41,6 @@ from tvm.relax import PyExprMutator, expr_functor
 
 from microkernels import DEFAULT_TILES
 
-from . import layouts
 from .conv2d import Geometry, PostOps, schedule
 from .targets import resolve, thread_count
 
@@ -229,10 +228,12 @@ class _SplitClips(PyExprMutator):
         return relax.op.minimum(low, relax.const(np.float32(hi)))
 
 
-def _split_clips(mod: tvm.IRModule) -> tvm.IRModule:
-    mutator = _SplitClips(mod)
+def _mutate(mod: tvm.IRModule, mutator, prepare=None) -> tvm.IRModule:
+    """`mutator` over every Relax function of `mod` (`prepare(func)` first, when given)."""
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
+            if prepare:
+                prepare(func)
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     return mutator.builder_.get()
 
@@ -358,17 +359,9 @@ def _func_name(g: Geometry, plan: dict, post: PostOps) -> str:
 
 
 def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report) -> tvm.IRModule:
-    mutator = _Swap(mod, target, algorithm, threads, fuse, report)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.plan(func)
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    mod = mutator.builder_.get()
-    cancel = _CancelTransforms(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            cancel.builder_.update_func(gv, cancel.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(cancel.builder_.get())
+    swap = _Swap(mod, target, algorithm, threads, fuse, report)
+    mod = _mutate(mod, swap, swap.plan)
+    return relax.transform.DeadCodeElimination()(_mutate(mod, _CancelTransforms(mod)))
 
 
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
@@ -428,7 +421,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
 
     @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
     def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = _split_clips(mod)
+        mod = _mutate(mod, _SplitClips(mod))
         mod = tvm.transform.Sequential([
             relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}),
             relax.transform.Normalize(),

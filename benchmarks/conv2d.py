@@ -139,6 +139,40 @@ def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, co
     return statistics.median(times)
 
 
+def dw_loop_gflops(isa: Isa, layer: Layer, calls: int = 2000, repeat: int = 5) -> float:
+    """GFLOP/s of a depthwise layer's hot loop alone: its row kernel (the one the schedule picks
+    for the layer's output width, stride and taps), called `calls` times on one L1-resident
+    window, so neither the band pack nor cache misses count. Odd calls read the window one
+    column later and calls write `slots` different output rows (up to 16 KiB): with identical
+    calls LLVM hoisted a short row's FMAs (one unrolled step, no inner loop) out of the loop."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
+
+    k = layer.k
+    ow = (layer.w + 2 * layer.pad - k) // layer.stride + 1
+    kern = DwKernel(isa, k, k, row_mr(isa, k, k, ow))
+    aw = (ow - 1) * layer.stride + k
+    sym, ir = kern.name, kern.llvm_ir()
+    slots = max(2, min(64, 16384 // (ow * BLOCK * 4)))
+
+    @T.prim_func(s_tir=True)
+    def probe(a: T.Buffer((k, aw + 1, BLOCK), "float32"), w: T.Buffer((k, k, BLOCK), "float32"),
+              c: T.Buffer((slots, ow, BLOCK), "float32")):
+        for i in range(calls):
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", sym, a.access_ptr("r", offset=i % 2 * BLOCK), layer.stride * BLOCK, BLOCK,
+                                         (aw + 1) * BLOCK,
+                                         w.access_ptr("r"), c.access_ptr("w", offset=i % slots * ow * BLOCK), ow))
+
+    lib = tvm.compile(tvm.IRModule({"main": probe}), target=isa.target)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal(s, dtype=np.float32)) for s in ((k, aw + 1, BLOCK), (k, k, BLOCK), (slots, ow, BLOCK))]
+    res = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(*args).results
+    return 2 * k * k * ow * BLOCK * calls / statistics.median(res) / 1e9
+
+
 def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log,
         algorithms=("direct",)) -> dict:
     """Every layer under each of `algorithms`, side by side with PyTorch in one run. Winograd
@@ -149,6 +183,19 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
     tv = torch_version()
     log(f"PyTorch: {tv or 'not installed (pip install -e .[bench]); our figures only'}")
     out = {"isa": isa.name, "peak_gflops_1thread": peak1, "torch": tv, "algorithms": list(algorithms), "runs": []}
+    # A depthwise layer is bound by one L1 load per FMA, not by the FMA rate alone: its hot loop
+    # (the row kernel, in L1) is reported against that measured rate.
+    loop_pct = {}
+    if any(layer.kind == "depthwise" and layer.k > 1 for layer in layers):
+        from .gemm import measure_peak
+
+        set_threads(1)
+        bound = measure_peak(isa, loads=True)
+        out["load_fma_bound_gflops_1thread"] = bound
+        log(f"depthwise bound, 1 thread: {bound:.1f} GFLOP/s of FMAs each with one L1 load; 'loop' below is the"
+            f" layer's row kernel alone on an L1-resident row, against it")
+        loop_pct = {layer.row: 100 * dw_loop_gflops(isa, layer) / bound
+                    for layer in layers if layer.kind == "depthwise" and layer.k > 1}
     rng = np.random.default_rng(0)
     for threads in thread_counts:
         ops = [{a: layer.conv(isa, threads, a) for a in algorithms} for layer in layers]
@@ -187,7 +234,9 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                     p = op.plan
                     plan = (f"F({p['tile']}) {p['bands']} bands of {p['tiles_per_band']} tiles, U {p['weight_bytes'] >> 10} KiB"
                             if p["algorithm"] == "winograd" else
-                            f"depthwise, bands of {p['band_rows']} rows" if p["algorithm"] == "depthwise" else
+                            f"depthwise, bands of {p['band_rows']} rows"
+                            + (f", loop {loop_pct[layer.row]:.0f}% of bound" if layer.row in loop_pct else "")
+                            if p["algorithm"] == "depthwise" else
                             f"{'bands' if p['band_parallel'] else 'blocks'} of {p['band_rows']} rows")
                     tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}" if ref is not None else f" {'-':>8s} {'-':>10s}"
                     rel = f"{ours / base:8.2f}"
@@ -197,7 +246,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                                  "ours_ms": ours * 1e3, "gflops": gf, "pct_peak": 100 * gf / peak,
                                  "torch_ms": ref * 1e3 if ref is not None else None,
                                  "ratio_vs_torch": ours / ref if ref is not None else None,
-                                 "ratio_vs_direct": ours / base, "plan": p})
+                                 "ratio_vs_direct": ours / base, "plan": p,
+                                 "loop_pct_bound": loop_pct.get(layer.row) if p["algorithm"] == "depthwise" else None})
                 for algo, op in by_algo.items():  # a layer Winograd skips costs direct's time
                     if op is None:
                         tot_ours[algo] += base * layer.count

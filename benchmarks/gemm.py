@@ -15,9 +15,10 @@ from microkernels import FmaPeakKernel, GemmKernel, Isa, default_kernel, max_til
 from schedules.targets import require_host, set_threads
 
 
-def measure_peak(isa: Isa, iters: int = 200_000, repeat: int = 5) -> float:
-    """GFLOP/s of independent FMA chains on one thread of this host."""
-    kern = FmaPeakKernel(isa)
+def measure_peak(isa: Isa, iters: int = 200_000, repeat: int = 5, loads: bool = False) -> float:
+    """GFLOP/s of independent FMA chains on one thread of this host; with `loads`, each FMA's
+    multiplier loaded from L1 (one load per FMA: the depthwise bound)."""
+    kern = FmaPeakKernel(isa, loads)
     n, sym, ir = kern.io_floats, kern.name, kern.llvm_ir()
 
     @T.prim_func(s_tir=True)

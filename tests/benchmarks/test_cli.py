@@ -69,7 +69,8 @@ def test_bench_conv2d_mobilenet_table_has_groups(clone):
     out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--workloads", "mobilenet_v2", "--layers", "1", "2",
               "--threads", "1", "--cache", "warm", "--repeat", "1")
     rows = [line for line in out.splitlines() if "32x112x112->32 k3 s1 p1 g32" in line]
-    assert len(rows) == 1 and "depthwise" in rows[0], out
+    assert len(rows) == 1 and "depthwise" in rows[0] and "% of bound" in rows[0], out
+    assert "depthwise bound, 1 thread:" in out, out
     assert "by kind (direct): depthwise ours" in out and "pointwise ours" in out, out
 
 

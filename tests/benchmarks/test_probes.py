@@ -1,0 +1,65 @@
+"""The bench's probes measure what they claim: the load+FMA peak kernel computes its chains and
+loads each multiplier inside its loop, and the depthwise hot-loop probe cannot run faster than
+that bound (it did, 4.5x, while LLVM hoisted a short row's FMAs out of the probe's loop)."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from benchmarks.conv2d import dw_loop_gflops, load_workloads
+from benchmarks.gemm import measure_peak
+from microkernels import FmaPeakKernel, asm
+from microkernels.f32_fma_peak import SLOTS
+from microkernels.isa import best_host_isa
+
+from ..x86_exec import X86, X86_IDS, execute
+
+
+def _compiled(kern: FmaPeakKernel, iters: int):
+    n, sym, ir = kern.io_floats, kern.name, kern.llvm_ir()
+
+    @T.prim_func(s_tir=True)
+    def probe(io: T.Buffer((n,), "float32")):
+        with T.attr(0, "pragma_import_llvm", ir):
+            T.evaluate(T.call_extern("void", sym, io.access_ptr("rw"), iters))
+
+    return tvm.compile(tvm.IRModule({"main": probe}), target=kern.isa.target)
+
+
+@pytest.mark.parametrize("isa", X86, ids=X86_IDS)
+def test_load_peak_kernel_uses_a_fresh_multiplier_each_iteration(isa):
+    kern, iters = FmaPeakKernel(isa, loads=True), 11
+    lanes, chains = isa.lanes, kern.chains
+    rng = np.random.default_rng(1)
+    io = rng.uniform(0.5, 1.0, kern.io_floats).astype(np.float32)
+    got, = execute(_compiled(kern, iters), isa, [io], [0])
+    ad = io[lanes:2 * lanes].astype(np.float64)
+    y = io[2 * lanes:(2 + chains) * lanes].reshape(chains, lanes).astype(np.float64)
+    mult = io[(2 + chains) * lanes:].reshape(SLOTS, chains, lanes).astype(np.float64)
+    for it in range(iters):
+        y = y * mult[it % SLOTS] + ad
+    np.testing.assert_allclose(got[2 * lanes:(2 + chains) * lanes].reshape(chains, lanes), y, rtol=1e-5)
+
+
+@pytest.mark.parametrize("isa", X86, ids=lambda isa: isa.name)
+def test_load_peak_loop_is_one_memory_operand_fma_per_chain(isa):
+    kern = FmaPeakKernel(isa, loads=True)
+    fn = _compiled(kern, 100).mod.inspect_source("asm")  # no parallel loop: one function
+    loops = asm.fma_loops(fn)
+    assert len(loops) == 1, [lp.body for lp in loops]
+    fmas = [ins for ins in loops[0].body if ins.startswith("vfmadd")]
+    assert len(fmas) == kern.chains and all("(" in ins for ins in fmas), fmas
+    reg = "zmm" if isa.name == "avx512" else "ymm"
+    assert all(f"%{reg}" in ins for ins in fmas), fmas
+
+
+def test_depthwise_loop_probe_is_not_faster_than_its_bound():
+    """Short rows (7 pixels: one unrolled step) and long ones. A probe that measured nothing ran
+    at 450% of the bound; noise only makes it slower, so 1.5x is a generous ceiling."""
+    isa = best_host_isa()
+    bound = max(measure_peak(isa, loads=True) for _ in range(3))
+    layers = [layer for layer in load_workloads("mobilenet_v2") if layer.kind == "depthwise"]
+    for layer in (layers[-1], layers[-2], layers[0]):  # 960x7x7 s1, 576x14x14 s2 (7 wide), 32x112x112
+        g = dw_loop_gflops(isa, layer, calls=500, repeat=3)
+        assert 0 < g < 1.5 * bound, f"{layer.label}: {g:.0f} GFLOP/s against a bound of {bound:.0f}"

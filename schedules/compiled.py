@@ -8,7 +8,30 @@ import tvm
 from microkernels import Isa
 
 from . import bochs
-from .targets import require_host, set_threads
+from .layouts import ALIGN, aligned_empty
+from .targets import check_array, require_host, set_threads
+
+
+def is_aligned(arr: np.ndarray) -> bool:
+    return arr.ctypes.data % ALIGN == 0
+
+
+def operand(arr):
+    """A TVM tensor over `arr`'s memory (no copy) if it is aligned, else an aligned copy; a
+    TVM tensor as it is."""
+    if isinstance(arr, tvm.runtime.Tensor):
+        return arr
+    return tvm.runtime.from_dlpack(arr) if is_aligned(arr) else tvm.runtime.tensor(arr)
+
+
+def check_operand(name: str, arr, shape: tuple, dtype: str):
+    """check_array for a call's operands, which may also be TVM tensors (kept on TVM's side)."""
+    if isinstance(arr, tvm.runtime.Tensor):
+        if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
+            raise ValueError(f"{name} must have shape {tuple(shape)} and dtype {dtype}, "
+                             f"got a TVM tensor of {tuple(arr.shape)} {arr.dtype}")
+        return arr
+    return check_array(name, arr, shape, dtype)
 
 
 class CompiledOp:
@@ -23,20 +46,30 @@ class CompiledOp:
         """Assembly of the compiled module (inspect_source("asm"))."""
         return self.lib.mod.inspect_source("asm")
 
-    def _tensors(self, inputs, out_shape) -> list:
-        """TVM tensors for checked numpy inputs plus an output; sizes the thread pool.
-        (Emulated: the numpy arrays themselves, and a NaN-filled output.)"""
+    def _tensors(self, inputs, out_shape, out=None) -> list:
+        """TVM tensors for checked inputs (numpy arrays or TVM tensors) plus the output (`out`,
+        or a new aligned array); sizes the thread pool. Numpy memory is handed over without a
+        copy where it is 64-byte aligned (operand). (Emulated: numpy arrays, NaN-filled output.)"""
         if self.emulate:
-            return [np.ascontiguousarray(a) for a in inputs] + [np.full(out_shape, np.nan, np.float32)]
+            host = [a.numpy() if isinstance(a, tvm.runtime.Tensor) else np.ascontiguousarray(a) for a in inputs]
+            if out is not None:
+                raise ValueError("an emulated op returns its output; out= is for native calls")
+            return host + [np.full(out_shape, np.nan, np.float32)]
         require_host(self.isa)
         set_threads(self.threads)
-        return [tvm.runtime.tensor(a) for a in inputs] + [tvm.runtime.tensor(np.empty(out_shape, np.float32))]
+        if out is None:
+            out = aligned_empty(out_shape)
+        elif not isinstance(out, tvm.runtime.Tensor) and not is_aligned(out):
+            raise ValueError("out must be 64-byte aligned to be written in place (TVM's code assumes it); "
+                             "allocate it with schedules.aligned_empty(shape)")
+        return [operand(a) for a in inputs] + [operand(out), out]
 
-    def _run(self, args) -> np.ndarray:
+    def _run(self, args):
+        """The output: a numpy array (a TVM tensor if one was passed as out=)."""
         if self.emulate:
             return bochs.run(self.lib, args, [len(args) - 1])[0]
-        self.lib(*args)
-        return args[-1].numpy()
+        self.lib(*args[:-1])
+        return args[-1]
 
     def _time(self, args, number: int, repeat: int, cold: bool) -> list[float]:
         if self.emulate:
@@ -44,4 +77,4 @@ class CompiledOp:
         # TVM flushes before each repeat, not each call: a cold figure wants number=1.
         kw = {"f_preproc": "cache_flush_cpu_non_first_arg"} if cold else {}
         ev = self.lib.mod.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat, **kw)
-        return list(ev(*args).results)
+        return list(ev(*args[:-1]).results)

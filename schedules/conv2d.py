@@ -33,7 +33,7 @@ from microkernels import DEFAULT_TILES, NO_EPILOGUE, Epilogue, GemmKernel, Isa
 from microkernels.f32_gemm import ACTIVATIONS
 
 from . import layouts
-from .compiled import CompiledOp
+from .compiled import CompiledOp, aligned_empty, check_operand, is_aligned, operand
 from .conv2d_int8 import conv2d_int8, conv_kernel
 from .targets import check_array, check_elements, check_emulate, dtype_name, positive_int, resolve, thread_count
 
@@ -392,12 +392,11 @@ class Conv2dOp(CompiledOp):
     def to_blocked(self, data: np.ndarray) -> np.ndarray:
         g = self.geometry
         check_array("data", data, (g.n, g.c, g.h, g.w), "float32")
-        return layouts.to_nchwc(data, g.bi, g.groups)
+        return layouts.to_nchwc(data, *self.data_layout)
 
     def from_blocked(self, out: np.ndarray) -> np.ndarray:
-        g = self.geometry
-        check_array("out", out, g.out_shape, "float32")
-        return layouts.from_nchwc(out, g.o, g.groups)
+        check_array("out", out, self.blocked_out_shape, "float32")
+        return layouts.from_nchwc(out, self.geometry.o, self.out_groups)
 
     def pack_weights(self, weight: np.ndarray) -> np.ndarray:
         g = self.geometry
@@ -410,43 +409,143 @@ class Conv2dOp(CompiledOp):
         check_array("bias", bias, (g.o,), "float32")
         full = np.zeros((g.groups, g.ob * g.block), np.float32)
         full[:, :g.og] = bias.reshape(g.groups, g.og)
-        return full.reshape(g.bias_shape)
+        return layouts.aligned(full.reshape(g.bias_shape))
 
-    def _args(self, data_b, weight_b, bias_b=None, residual_b=None):
-        check_array("data", data_b, self.blocked_data_shape, "float32")
-        check_array("weight", weight_b, self.blocked_weight_shape, "float32")
+    def _args(self, data_b, weight_b, bias_b=None, residual_b=None, out=None):
+        check_operand("data", data_b, self.blocked_data_shape, "float32")
+        check_operand("weight", weight_b, self.blocked_weight_shape, "float32")
+        self._check_post(bias_b is not None, residual_b is not None)
         extra = []
-        for label, arr, on, shape in (("bias", bias_b, self.post.bias, self.bias_shape),
-                                      ("residual", residual_b, self.post.residual, self.blocked_out_shape)):
-            if on != (arr is not None):
+        for label, arr, shape in (("bias", bias_b, self.bias_shape), ("residual", residual_b, self.blocked_out_shape)):
+            if arr is not None:
+                check_operand(label, arr, shape, "float32")
+                extra.append(arr)
+        if out is not None:
+            check_operand("out", out, self.blocked_out_shape, "float32")
+        return self._tensors((data_b, weight_b, *extra), self.blocked_out_shape, out)
+
+    def _check_post(self, bias: bool, residual: bool) -> None:
+        """A call passes exactly the post-op inputs the op was compiled for."""
+        for label, given, on in (("bias", bias, self.post.bias), ("residual", residual, self.post.residual)):
+            if on != given:
                 raise ValueError(f"this conv2d was compiled {'with' if on else 'without'} a {label}: "
                                  f"{'pass' if on else 'do not pass'} {label}= ({self._post_hint()})")
-            if on:
-                check_array(label, arr, shape, "float32")
-                extra.append(arr)
-        return self._tensors((data_b, weight_b, *extra), self.blocked_out_shape)
 
     def _post_hint(self) -> str:
         p = self.post
         return f"bias={p.bias}, residual={p.residual}, activation={p.activation!r}"
 
-    def run_blocked(self, data_b: np.ndarray, weight_b: np.ndarray, bias=None, residual=None) -> np.ndarray:
-        """Blocked in, blocked out. bias: op.pack_bias(b); residual: blocked output shape."""
-        return self._run(self._args(data_b, weight_b, bias, residual))
+    def run_blocked(self, data_b, weight_b, bias=None, residual=None, out=None):
+        """Blocked in, blocked out. bias: op.pack_bias(b); residual: blocked output shape.
+        Operands are numpy arrays or TVM tensors; aligned numpy memory (aligned_empty) is used
+        in place, and the result is written into `out` when given (and returned)."""
+        return self._run(self._args(data_b, weight_b, bias, residual, out))
 
-    def __call__(self, data: np.ndarray, weight: np.ndarray, bias=None, residual=None) -> np.ndarray:
-        """NCHW data, OIHW weights, bias (O,), residual NCHW of the output's shape."""
-        g = self.geometry
-        bias_b = None if bias is None else self.pack_bias(bias)
-        if residual is not None:
-            check_array("residual", residual, (g.n, g.o, *g.out_hw), "float32")
-            residual = layouts.to_nchwc(residual, g.block, g.groups)
-        return self.from_blocked(self.run_blocked(self.to_blocked(data), self.pack_weights(weight), bias_b, residual))
+    def __call__(self, data, weight, bias=None, residual=None, out=None):
+        """NCHW data, OIHW weights, bias (O,), residual NCHW of the output's shape; returns NCHW
+        (written into `out` when given). The layout transforms and the weight packing are
+        compiled code; with weights reused across calls, `bind` packs them once."""
+        return self.bind(weight, bias)(data, residual, out)
+
+    def bind(self, weight, bias=None) -> "BoundConv2d":
+        """Pack OIHW `weight` (and `bias`) once; the result is f(x NCHW, residual=None, out=None)."""
+        return BoundConv2d(self, weight, bias)
 
     def time(self, data_b, weight_b, number=10, repeat=5, cold=False, bias=None, residual=None) -> list[float]:
         """Seconds per call on blocked arrays, one entry per repeat (cold: caches flushed
         before each repeat, so use number=1)."""
         return self._time(self._args(data_b, weight_b, bias, residual), number, repeat, cold)
+
+    # Layouts of the NCHW paths: (block, groups) of the blocked input, groups of the output.
+    @property
+    def data_layout(self) -> tuple[int, int]:
+        return self.geometry.bi, self.geometry.groups
+
+    @property
+    def out_groups(self) -> int:
+        return self.geometry.groups
+
+    def packs_weights_compiled(self) -> bool:
+        """pack_weights is the plain OIHW[x]i[y]o repacking (compiled_weight_packer applies)."""
+        return type(self).pack_weights is Conv2dOp.pack_weights
+
+    @functools.cached_property
+    def transforms(self) -> dict:
+        """Compiled layout transforms of this op's NCHW paths (built on first use)."""
+        g = self.geometry
+        block, groups = self.data_layout
+        out = {"to_blocked": layouts.compile_to_nchwc((g.n, g.c, g.h, g.w), block, groups, self.isa),
+               "from_blocked": layouts.compile_from_nchwc(self.blocked_out_shape, g.o, self.out_groups, self.isa)}
+        if self.post.residual:
+            out["residual"] = layouts.compile_to_nchwc((g.n, g.o, *g.out_hw), g.block, self.out_groups, self.isa)
+        if self.packs_weights_compiled():
+            out["pack_weights"] = layouts.compile_pack_weights((g.o, g.cg, g.kh, g.kw), g.bi, g.block, g.groups,
+                                                               self.isa)
+        return out
+
+
+class BoundConv2d:
+    """A conv2d with its weights (and bias) packed once, kept as TVM tensors: call it on NCHW
+    arrays. Per call: the input transform, the convolution and the output transform, all
+    compiled code, into buffers kept from call to call (the result is a fresh array unless
+    `out` is given)."""
+
+    def __init__(self, op: Conv2dOp, weight, bias=None):
+        g = getattr(op, "user_geometry", op.geometry)  # a grouped op's own layer, not its wider groups
+        self.op = op
+        if op.emulate:
+            self.weight = op.pack_weights(weight)
+            self.bias = None if bias is None else op.pack_bias(bias)
+            return
+        check_operand("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
+        op._check_post(bias is not None, op.post.residual)
+        if op.packs_weights_compiled():
+            self.weight = tvm.runtime.tensor(aligned_empty(op.blocked_weight_shape))
+            src = weight if isinstance(weight, tvm.runtime.Tensor) else operand(np.ascontiguousarray(weight))
+            op.transforms["pack_weights"](src, self.weight)
+        else:  # Winograd's transform, depthwise and block-diagonal panels: numpy, once
+            w = weight.numpy() if isinstance(weight, tvm.runtime.Tensor) else weight
+            self.weight = tvm.runtime.tensor(op.pack_weights(w))
+        self.bias = None if bias is None else tvm.runtime.tensor(op.pack_bias(bias))
+        self._xb = tvm.runtime.tensor(aligned_empty(op.blocked_data_shape))
+        self._yb = tvm.runtime.tensor(aligned_empty(op.blocked_out_shape))
+
+    def __call__(self, data, residual=None, out=None):
+        op, g = self.op, self.op.geometry
+        out_shape = (g.n, g.o, *g.out_hw)
+        check_operand("data", data, (g.n, g.c, g.h, g.w), "float32")
+        op._check_post(self.bias is not None, residual is not None)
+        if residual is not None:
+            check_operand("residual", residual, out_shape, "float32")
+        if op.emulate:  # the emulator runs the conv; the transforms are numpy's
+            res = None if residual is None else layouts.to_nchwc(residual, g.block, op.out_groups)
+            y = op.from_blocked(op.run_blocked(op.to_blocked(data), self.weight, self.bias, res))
+            return y if out is None else _store(out, y)
+        t = op.transforms
+        t["to_blocked"](operand(data), self._xb)
+        if out is None:
+            out = aligned_empty(out_shape)
+        else:
+            check_operand("out", out, out_shape, "float32")
+            if not isinstance(out, tvm.runtime.Tensor) and not is_aligned(out):
+                raise ValueError("out must be 64-byte aligned to be written in place (TVM's code assumes it); "
+                                 "allocate it with schedules.aligned_empty(shape)")
+        res = None
+        if residual is not None:
+            res = self._rb = getattr(self, "_rb", None) or tvm.runtime.tensor(aligned_empty(op.blocked_out_shape))
+            t["residual"](operand(residual), res)
+        op.run_blocked(self._xb, self.weight, self.bias, res, self._yb)
+        t["from_blocked"](self._yb, operand(out))
+        return out
+
+
+def _store(out, y):
+    check_operand("out", out, y.shape, "float32")
+    if isinstance(out, tvm.runtime.Tensor):
+        out.copyfrom(y)
+    else:
+        out[...] = y
+    return out
 
 
 def geometry(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, block=16) -> Geometry:

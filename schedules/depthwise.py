@@ -124,14 +124,13 @@ class DepthwiseConv2dOp(Conv2dOp):
     def bias_shape(self) -> tuple:
         return shapes(self.geometry)["bias"]
 
-    def to_blocked(self, data: np.ndarray) -> np.ndarray:
-        g = self.geometry
-        check_array("data", data, (g.n, g.c, g.h, g.w), "float32")
-        return layouts.to_nchwc(data, BLOCK)
+    @property
+    def data_layout(self) -> tuple[int, int]:  # channels in lanes, no per-group padding
+        return BLOCK, 1
 
-    def from_blocked(self, out: np.ndarray) -> np.ndarray:
-        check_array("out", out, self.blocked_out_shape, "float32")
-        return layouts.from_nchwc(out, self.geometry.o)
+    @property
+    def out_groups(self) -> int:
+        return 1
 
     def pack_weights(self, weight: np.ndarray) -> np.ndarray:
         """OIHW (O, 1, KH, KW) -> (OB, KH, KW, 16), output channels zero-padded to blocks."""
@@ -140,14 +139,14 @@ class DepthwiseConv2dOp(Conv2dOp):
         ob = self.blocked_weight_shape[0]
         full = np.zeros((ob * BLOCK, g.kh, g.kw), np.float32)
         full[:g.o] = weight[:, 0]
-        return np.ascontiguousarray(full.reshape(ob, BLOCK, g.kh, g.kw).transpose(0, 2, 3, 1))
+        return layouts.aligned(full.reshape(ob, BLOCK, g.kh, g.kw).transpose(0, 2, 3, 1))
 
     def pack_bias(self, bias: np.ndarray) -> np.ndarray:
         g = self.geometry
         check_array("bias", bias, (g.o,), "float32")
         full = np.zeros(self.bias_shape[0] * BLOCK, np.float32)
         full[:g.o] = bias
-        return full.reshape(self.bias_shape)
+        return layouts.aligned(full.reshape(self.bias_shape))
 
 
 def schedule_depthwise(g: Geometry, isa: Isa, threads: int, blocking: ConvBlocking,

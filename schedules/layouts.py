@@ -16,8 +16,31 @@ from __future__ import annotations
 import numpy as np
 
 
+ALIGN = 64  # bytes: what TVM's DLPack import demands, and its generated code assumes
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def aligned_empty(shape, dtype="float32") -> np.ndarray:
+    """An uninitialized C-contiguous numpy array whose data is 64-byte aligned: ops read it
+    and write it in place (numpy's own large arrays are usually only 16-byte aligned). The
+    transforms below return such arrays, so their results go to an op without a copy."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned(arr: np.ndarray) -> np.ndarray:
+    """`arr` as a C-contiguous, 64-byte aligned array (itself if it already is one)."""
+    if arr.flags.c_contiguous and arr.ctypes.data % ALIGN == 0:
+        return arr
+    out = aligned_empty(arr.shape, arr.dtype)
+    out[...] = arr
+    return out
 
 
 def to_nchwc(x: np.ndarray, block: int, groups: int = 1) -> np.ndarray:
@@ -28,7 +51,7 @@ def to_nchwc(x: np.ndarray, block: int, groups: int = 1) -> np.ndarray:
     out = np.zeros((n, groups, cb * block, h, w), x.dtype)
     out[:, :, :cg] = x.reshape(n, groups, cg, h, w)
     out = out.reshape(n, groups * cb, block, h, w).transpose(0, 1, 3, 4, 2)
-    return np.ascontiguousarray(out)
+    return aligned(out)
 
 
 def from_nchwc(y: np.ndarray, channels: int, groups: int = 1) -> np.ndarray:
@@ -36,7 +59,7 @@ def from_nchwc(y: np.ndarray, channels: int, groups: int = 1) -> np.ndarray:
     n, blocks, h, w, block = y.shape
     cg = channels // groups
     t = y.transpose(0, 1, 4, 2, 3).reshape(n, groups, (blocks // groups) * block, h, w)
-    return np.ascontiguousarray(t[:, :, :cg].reshape(n, channels, h, w))
+    return aligned(t[:, :, :cg].reshape(n, channels, h, w))
 
 
 def pack_weights(w: np.ndarray, in_block: int, out_block: int, groups: int = 1) -> np.ndarray:
@@ -47,4 +70,69 @@ def pack_weights(w: np.ndarray, in_block: int, out_block: int, groups: int = 1) 
     full = np.zeros((groups, ob * out_block, ib * in_block, kh, kw), w.dtype)
     full[:, :og, :cg] = w.reshape(groups, og, cg, kh, kw)
     t = full.reshape(groups, ob, out_block, ib, in_block, kh, kw).transpose(0, 1, 3, 5, 6, 4, 2)
-    return np.ascontiguousarray(t.reshape(groups * ob, ib, kh, kw, in_block, out_block))
+    return aligned(t.reshape(groups * ob, ib, kh, kw, in_block, out_block))
+
+
+# Compiled twins of the transforms above, for ops called on NCHW arrays (Conv2dOp.__call__ and
+# bind): numpy's strided copies cost more than some layers' convolution. TE definitions with one
+# schedule: the outer axes fused and parallel, the innermost run as a vector.
+
+def _compile(outs, ins, isa, name: str):
+    import tvm
+    from tvm import s_tir, te
+
+    sch = s_tir.Schedule(te.create_prim_func([*ins, outs]).with_attr("global_symbol", name))
+    blk = sch.get_sblock(outs.op.name)
+    loops = sch.get_loops(blk)
+    sch.parallel(sch.fuse(*loops[:-2]))
+    sch.vectorize(loops[-1])
+    return tvm.compile(tvm.IRModule({name: sch.mod["main"].with_attr("global_symbol", name)}), target=isa.target)
+
+
+def compile_to_nchwc(shape: tuple, block: int, groups: int, isa):
+    """to_nchwc as compiled code: f(x NCHW, out (N, groups*CB, H, W, block))."""
+    from tvm import te, tirx
+
+    n, c, h, w = shape
+    cg = c // groups
+    cb = _ceil_div(cg, block)
+    x = te.placeholder(shape, "float32", name="x")
+
+    def elem(i, b, y, z, lane):
+        ch = b % cb * block + lane
+        return tirx.if_then_else(ch < cg, x[i, b // cb * cg + tirx.min(ch, cg - 1), y, z], tirx.const(0, "float32"))
+
+    out = te.compute((n, groups * cb, h, w, block), elem, name="to_nchwc")
+    return _compile(out, [x], isa, "to_nchwc")
+
+
+def compile_from_nchwc(blocked_shape: tuple, channels: int, groups: int, isa):
+    """from_nchwc as compiled code: f(y blocked, out NCHW)."""
+    from tvm import te
+
+    n, blocks, h, w, block = blocked_shape
+    og, per = channels // groups, blocks // groups
+    y = te.placeholder(blocked_shape, "float32", name="y")
+    out = te.compute((n, channels, h, w),
+                     lambda i, ch, r, z: y[i, ch // og * per + ch % og // block, r, z, ch % og % block],
+                     name="from_nchwc")
+    return _compile(out, [y], isa, "from_nchwc")
+
+
+def compile_pack_weights(shape: tuple, in_block: int, out_block: int, groups: int, isa):
+    """pack_weights as compiled code: f(w OIHW, out (groups*OB, IB, KH, KW, in_block, out_block))."""
+    from tvm import te, tirx
+
+    o, cg, kh, kw = shape
+    og = o // groups
+    ob, ib = _ceil_div(og, out_block), _ceil_div(cg, in_block)
+    w = te.placeholder(shape, "float32", name="w")
+
+    def elem(b, q, r, s, i, j):
+        oc, ic = b % ob * out_block + j, q * in_block + i
+        ok = tirx.all(oc < og, ic < cg)
+        return tirx.if_then_else(ok, w[b // ob * og + tirx.min(oc, og - 1), tirx.min(ic, cg - 1), r, s],
+                                 tirx.const(0, "float32"))
+
+    out = te.compute((groups * ob, ib, kh, kw, in_block, out_block), elem, name="pack_weights")
+    return _compile(out, [w], isa, "pack_weights")

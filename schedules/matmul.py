@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import tvm
 from tvm import s_tir, te
 
 import intrinsics
 from microkernels import GemmKernel, Isa, default_kernel
 
-from .compiled import CompiledOp
-from .targets import check_array, check_elements, check_emulate, positive_int, resolve, thread_count
+from .compiled import CompiledOp, check_operand
+from .targets import check_elements, check_emulate, positive_int, resolve, thread_count
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -57,13 +56,18 @@ class MatmulOp(CompiledOp):
     def flops(self) -> int:
         return 2 * self.M * self.N * self.K
 
-    def _args(self, a, b):
-        check_array("a", a, (self.M, self.K), "float32")
-        check_array("b", b, (self.K, self.N), "float32")
-        return self._tensors((a, b), (self.M, self.N))
+    def _args(self, a, b, out=None):
+        check_operand("a", a, (self.M, self.K), "float32")
+        check_operand("b", b, (self.K, self.N), "float32")
+        if out is not None:
+            check_operand("out", out, (self.M, self.N), "float32")
+        return self._tensors((a, b), (self.M, self.N), out)
 
-    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self._run(self._args(a, b))
+    def __call__(self, a, b, out=None):
+        """A @ B. Operands are numpy arrays or TVM tensors; 64-byte aligned numpy memory
+        (schedules.aligned_empty) is used in place, and the result is written into `out` when
+        given (and returned)."""
+        return self._run(self._args(a, b, out))
 
     def time(self, a, b, number=10, repeat=5, cold=False) -> list[float]:
         """Seconds per call, one entry per repeat (cold: the cache is flushed before each repeat)."""

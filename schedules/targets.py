@@ -116,8 +116,16 @@ def check_array(name: str, arr, shape: tuple, dtype: str) -> np.ndarray:
     return arr
 
 
+_POOL_SIZE = None  # what set_threads last configured: a call that would not change it skips TVM
+
+
 def set_threads(threads: int | None) -> None:
-    """Size TVM's CPU thread pool; None leaves it at one thread per core."""
+    """Size TVM's CPU thread pool; None leaves it at one thread per core. Every op call runs
+    this; reconfiguring TVM's pool costs tens of microseconds, so only a change does it."""
+    global _POOL_SIZE
     n = threads if threads is not None else (os.cpu_count() or 1)
+    if n == _POOL_SIZE:
+        return
     # Mode 1 spreads the pool over the big cores; on a homogeneous CPU that is all of them.
     tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
+    _POOL_SIZE = n

@@ -30,6 +30,7 @@ from intrinsics.f32_wino import value
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino
 
+from . import layouts
 from .conv2d import NO_POST_OPS, Conv2dOp, ConvBlocking, Geometry, PostOps, _ceil_div, _segments
 from .targets import check_array
 
@@ -222,7 +223,7 @@ class WinogradConv2dOp(Conv2dOp):
         ob, alpha, _, cp, _ = self.blocked_weight_shape
         full = np.zeros((alpha, alpha, cp, ob * BLOCK), np.float64)
         full[:, :, :g.c, :g.o] = u
-        return np.ascontiguousarray(full.reshape(alpha, alpha, cp, ob, BLOCK).transpose(3, 0, 1, 2, 4), np.float32)
+        return layouts.aligned(full.reshape(alpha, alpha, cp, ob, BLOCK).transpose(3, 0, 1, 2, 4).astype(np.float32))
 
 
 def schedule_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvBlocking,

@@ -1,0 +1,114 @@
+"""The user paths on numpy arrays: no copies of aligned operands (the compiled module is handed
+the caller's own buffers), out= written in place, TVM tensors accepted, and the compiled layout
+transforms and weight packing exact against the numpy ones (channel padding, groups)."""
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedules
+from schedules import aligned_empty, layouts
+from schedules.compiled import is_aligned
+from microkernels.isa import best_host_isa
+
+ISA = best_host_isa()  # the transforms are plain TVM code: the host's ISA is the one they run on
+
+
+class Spy:
+    """Stands in for op.lib and records the data address of every argument it is given."""
+
+    def __init__(self, lib):
+        self.lib, self.seen = lib, []
+
+    def __call__(self, *args):
+        self.seen.append([a.data_ptr() for a in args])
+        return self.lib(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.lib, name)
+
+
+def rand(shape, seed=0):
+    a = aligned_empty(shape)
+    a[...] = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    return a
+
+
+def test_run_blocked_hands_the_callers_buffers_to_the_kernel():
+    op = schedules.conv2d((1, 32, 9, 9), (32, 32, 3, 3), padding=1, threads=1, bias=True)
+    x = rand((1, 32, 9, 9))
+    xb, wb, bb = op.to_blocked(x), op.pack_weights(rand((32, 32, 3, 3), 1)), op.pack_bias(rand((32,), 2))
+    assert all(is_aligned(a) for a in (xb, wb, bb))  # what the transforms return goes in as it is
+    out = aligned_empty(op.blocked_out_shape)
+    op.lib = Spy(op.lib)
+    got = op.run_blocked(xb, wb, bb, out=out)
+    assert got is out
+    assert op.lib.seen == [[a.ctypes.data for a in (xb, wb, bb, out)]]
+    want = op.run_blocked(np.array(xb), np.array(wb), np.array(bb))  # unaligned copies: copied in
+    np.testing.assert_array_equal(out, want)
+
+
+def test_matmul_writes_out_in_place_and_takes_tvm_tensors():
+    op = schedules.matmul(40, 48, 24, threads=1)
+    a, b = rand((40, 24)), rand((24, 48), 1)
+    out = aligned_empty((40, 48))
+    op.lib = Spy(op.lib)
+    assert op(a, b, out=out) is out
+    assert op.lib.seen[-1] == [a.ctypes.data, b.ctypes.data, out.ctypes.data]
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    tb = tvm.runtime.tensor(b)
+    np.testing.assert_array_equal(op(a, tb), out)
+    with pytest.raises(ValueError, match="64-byte aligned"):
+        op(a, b, out=np.zeros((41, 48), np.float32)[1:])
+    with pytest.raises(ValueError, match=r"shape \(24, 48\)"):
+        op(a, tvm.runtime.tensor(np.zeros((48, 24), np.float32)))
+
+
+def test_bind_packs_once_and_matches_the_blocked_path():
+    op = schedules.conv2d((2, 20, 9, 9), (30, 20, 3, 3), padding=1, threads=1, bias=True, residual=True,
+                          activation="relu")
+    g = op.geometry
+    x, w, b, r = rand((2, 20, 9, 9)), rand((30, 20, 3, 3), 1), rand((30,), 2), rand((2, 30, 9, 9), 3)
+    want = op.from_blocked(op.run_blocked(op.to_blocked(x), op.pack_weights(w), op.pack_bias(b),
+                                          layouts.to_nchwc(r, g.block, g.groups)))
+    f = op.bind(w, b)
+    weight = f.weight
+    out = aligned_empty(want.shape)
+    assert f(x, r, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(f(x, r), want)
+    np.testing.assert_array_equal(op(x, w, b, r), want)
+    assert f.weight is weight  # packed once, kept on TVM's side
+
+
+@st.composite
+def layouts_cases(draw):
+    groups = draw(st.integers(1, 4))
+    cg, og = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    return (draw(st.integers(1, 2)), groups * cg, draw(st.integers(1, 6)), draw(st.integers(1, 6)), groups * og,
+            draw(st.sampled_from([4, 8, 16])), draw(st.sampled_from([8, 16])), groups, draw(st.integers(1, 3)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(layouts_cases(), st.integers(0, 2**32 - 1))
+def test_compiled_transforms_equal_numpy(case, seed):
+    n, c, h, w, o, bi, bo, groups, k = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+    xb = layouts.to_nchwc(x, bi, groups)
+    got = np.full(xb.shape, np.nan, np.float32)
+    layouts.compile_to_nchwc(x.shape, bi, groups, ISA)(tvm.runtime.tensor(x), out := tvm.runtime.tensor(got))
+    np.testing.assert_array_equal(out.numpy(), xb)  # padding lanes included: zeros, not NaN
+
+    yb = rng.standard_normal(layouts.to_nchwc(np.zeros((n, o, h, w), np.float32), bo, groups).shape, dtype=np.float32)
+    back = tvm.runtime.tensor(np.full((n, o, h, w), np.nan, np.float32))
+    layouts.compile_from_nchwc(yb.shape, o, groups, ISA)(tvm.runtime.tensor(yb), back)
+    np.testing.assert_array_equal(back.numpy(), layouts.from_nchwc(yb, o, groups))
+
+    wt = rng.standard_normal((o, c // groups, k, k), dtype=np.float32)
+    want = layouts.pack_weights(wt, bi, bo, groups)
+    packed = tvm.runtime.tensor(np.full(want.shape, np.nan, np.float32))
+    layouts.compile_pack_weights(wt.shape, bi, bo, groups, ISA)(tvm.runtime.tensor(wt), packed)
+    np.testing.assert_array_equal(packed.numpy(), want)

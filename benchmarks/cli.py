@@ -61,6 +61,9 @@ def main(argv=None) -> int:
     c.add_argument("--algorithms", nargs="+", choices=["direct", "auto", "wino2", "wino4", "wino6"],
                    default=["direct"], help="timed side by side per layer (direct always); auto is conv2d's "
                    "default choice; Winograd F(m) only where it applies (3x3, stride 1)")
+    c.add_argument("--path", choices=["kernel", "blocked", "nchw", "bound"], default="kernel",
+                   help="what of ours is timed: the kernel on blocked TVM tensors, run_blocked on numpy, op(x, w) on "
+                        "NCHW arrays, or op.bind(w) then f(x)")
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     a = bsub.add_parser("arm", help="static MAC/cycle of the ARM int8 kernels and conv (llvm-mca)")
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
         set_threads(1)
         peak1 = gemm.measure_peak(isa)
         log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
-        result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms)
+        result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms, args.path)
     else:
         result = gemm.run(isa, args.sizes, threads, args.repeat, args.sweep, log)
     if args.json:

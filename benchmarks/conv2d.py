@@ -1,9 +1,12 @@
 """`bench conv2d`: schedules.conv2d over the ResNet-50 v1.5 conv layers, next to PyTorch (oneDNN).
 
-Ours is timed on the blocked fast path (NCHWc data, weights packed ahead of time), which is
-what a model runs; PyTorch gets plain NCHW tensors, as a PyTorch model would, and does its own
-blocking inside oneDNN. Both are timed in the same process, PyTorch first: TVM's idle workers
-spin for a while after a call and would steal its cores.
+Ours is timed on one user path (`--path`, ours_seconds): by default the compiled kernel on the
+blocked layouts (weights packed ahead of time), which is what a model runs; or numpy blocked
+arrays, NCHW arrays with weights packed per call, or weights bound once. PyTorch gets plain
+NCHW tensors, as a PyTorch model would, and does its own blocking inside oneDNN. Both are timed
+in the same process, taking turns over three rounds (best median each); with more than one
+thread a pause comes before each PyTorch turn: TVM's idle workers spin for a while after a call
+and would steal its cores.
 Cold cache: before every single call the caches are flushed (TVM's cache_flush_cpu_non_first_arg
 for ours, a 64 MiB write for PyTorch), so every call starts with weights and input in DRAM.
 """
@@ -124,18 +127,24 @@ def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, co
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)
     run = lambda: torch.nn.functional.conv2d(tx, tw, stride=layer.stride, padding=layer.pad,  # noqa: E731
                                              groups=layer.groups)
-    times = []
     with torch.no_grad():
-        run()
-        for _ in range(repeat):
-            total = 0.0
-            for _ in range(number):
-                if cold:
-                    _flush_caches()
-                t = time.perf_counter()
-                run()
-                total += time.perf_counter() - t
-            times.append(total / number)
+        return seconds_per_call(run, number, repeat, cold)
+
+
+def seconds_per_call(call, number: int, repeat: int, cold: bool) -> float:
+    """Median over `repeat` of the mean time of `number` calls (after one untimed call); cold:
+    caches flushed before every call, outside the timed span."""
+    call()
+    times = []
+    for _ in range(repeat):
+        total = 0.0
+        for _ in range(number):
+            if cold:
+                _flush_caches()
+            t = time.perf_counter()
+            call()
+            total += time.perf_counter() - t
+        times.append(total / number)
     return statistics.median(times)
 
 
@@ -173,8 +182,35 @@ def dw_loop_gflops(isa: Isa, layer: Layer, calls: int = 2000, repeat: int = 5) -
     return 2 * k * k * ow * BLOCK * calls / statistics.median(res) / 1e9
 
 
+ROUNDS = 3
+PATHS = ("kernel", "blocked", "nchw", "bound")
+
+
+def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, cold: bool) -> float:
+    """Median seconds per call of `op` on one of the user paths (PATHS):
+    kernel  the compiled module alone on TVM tensors made once (op.time);
+    blocked op.run_blocked on numpy arrays in the blocked layouts (weights packed beforehand);
+    nchw    op(x, w) on the NCHW / OIHW arrays PyTorch gets, weights packed on every call;
+    bound   op.bind(w) once, then f(x) on the NCHW array."""
+    set_threads(threads)
+    if path == "kernel":
+        xb, wb = op.to_blocked(x), op.pack_weights(w)
+        return statistics.median(op.time(xb, wb, number=number, repeat=repeat, cold=cold))
+    if path == "blocked":
+        xb, wb = op.to_blocked(x), op.pack_weights(w)
+        call = lambda: op.run_blocked(xb, wb)  # noqa: E731
+    elif path == "nchw":
+        call = lambda: op(x, w)  # noqa: E731
+    elif path == "bound":
+        f = op.bind(w)
+        call = lambda: f(x)  # noqa: E731
+    else:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return seconds_per_call(call, number, repeat, cold)
+
+
 def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log,
-        algorithms=("direct",)) -> dict:
+        algorithms=("direct",), path: str = "kernel") -> dict:
     """Every layer under each of `algorithms`, side by side with PyTorch in one run. Winograd
     figures are effective: the direct convolution's FLOPs over the time taken."""
     require_host(isa)
@@ -182,7 +218,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
     algorithms = ("direct", *(a for a in algorithms if a != "direct"))
     tv = torch_version()
     log(f"PyTorch: {tv or 'not installed (pip install -e .[bench]); our figures only'}")
-    out = {"isa": isa.name, "peak_gflops_1thread": peak1, "torch": tv, "algorithms": list(algorithms), "runs": []}
+    out = {"isa": isa.name, "peak_gflops_1thread": peak1, "torch": tv, "algorithms": list(algorithms), "path": path,
+           "runs": []}
     # A depthwise layer is bound by one L1 load per FMA, not by the FMA rate alone: its hot loop
     # (the row kernel, in L1) is reported against that measured rate.
     loop_pct = {}
@@ -202,7 +239,7 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
         for mode in modes:
             cold = mode == "cold"
             peak = peak1 * threads
-            log(f"conv2d, {threads} thread(s), {mode} cache (peak {peak:.0f} GFLOP/s):")
+            log(f"conv2d, {threads} thread(s), {mode} cache, path {path} (peak {peak:.0f} GFLOP/s):")
             log(f"  {'#':>2s} {'layer':34s} {'n':>2s} {'algo':>6s} {'ours ms':>8s} {'GF/s':>6s} {'%peak':>5s}"
                 f" {'torch ms':>8s} {'ours/torch':>10s} {'/direct':>8s}  plan")
             tot_ours = {a: 0.0 for a in algorithms}
@@ -213,17 +250,25 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 x = rng.standard_normal((1, layer.c, layer.h, layer.w), dtype=np.float32)
                 w = rng.standard_normal(layer.weight_shape, dtype=np.float32)
                 number = calls_per_repeat(by_algo["direct"].flops, peak, cold)
-                if threads > 1:
-                    time.sleep(0.1)  # the previous layer's TVM workers spin for a while: let them stop
-                ref = torch_seconds(layer, x, w, threads, number, repeat, cold) if tv else None
+                # PyTorch and ours take turns, ROUNDS times, and each keeps its best median: a
+                # drift of the shared machine's speed then hits both sides alike.
+                ref, best = None, {}
+                for _ in range(ROUNDS):
+                    if tv:
+                        if threads > 1:
+                            time.sleep(0.1)
+                        t = torch_seconds(layer, x, w, threads, number, repeat, cold)
+                        ref = t if ref is None else min(ref, t)
+                    for algo, op in by_algo.items():
+                        if op is not None:  # None: Winograd cannot run this layer
+                            t = ours_seconds(op, path, x, w, threads, number, repeat, cold)
+                            best[algo] = min(best.get(algo, t), t)
                 if ref is not None:
                     tot_torch += ref * layer.count
                 for algo, op in by_algo.items():
-                    if op is None:  # Winograd cannot run this layer
+                    if op is None:
                         continue
-                    xb, wb = op.to_blocked(x), op.pack_weights(w)
-                    set_threads(threads)
-                    ours = statistics.median(op.time(xb, wb, number=number, repeat=repeat, cold=cold))
+                    ours = best[algo]
                     base = ours if algo == "direct" else base
                     gf = op.flops / ours / 1e9
                     tot_ours[algo] += ours * layer.count

@@ -63,6 +63,15 @@ def test_bench_conv2d_reads_its_packaged_table(clone):
     assert "weighted total wino4" in out, out
 
 
+@pytest.mark.parametrize("path", ["blocked", "nchw", "bound"])
+def test_bench_conv2d_times_each_user_path(clone, path):
+    out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--layers", SMALL_LAYER, "--threads", "1",
+              "--cache", "warm", "--repeat", "1", "--path", path)
+    assert f"warm cache, path {path} (peak" in out, out
+    rows = [line.split() for line in out.splitlines() if "512x7x7->512 k3 s1 p1" in line]
+    assert len(rows) == 1 and float(rows[0][7]) > 0, out
+
+
 def test_bench_conv2d_mobilenet_table_has_groups(clone):
     """The packaged MobileNetV2 table: its depthwise rows run on the depthwise path, and the
     totals are split by kind."""

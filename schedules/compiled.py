@@ -13,7 +13,7 @@ from .targets import check_array, require_host, set_threads
 
 
 def is_aligned(arr: np.ndarray) -> bool:
-    return arr.ctypes.data % ALIGN == 0
+    return arr.__array_interface__["data"][0] % ALIGN == 0
 
 
 def operand(arr):
@@ -21,7 +21,10 @@ def operand(arr):
     TVM tensor as it is."""
     if isinstance(arr, tvm.runtime.Tensor):
         return arr
-    return tvm.runtime.from_dlpack(arr) if is_aligned(arr) else tvm.runtime.tensor(arr)
+    try:
+        return tvm.runtime.from_dlpack(arr)  # refuses memory that is not 64-byte aligned
+    except RuntimeError:
+        return tvm.runtime.tensor(arr)
 
 
 def check_operand(name: str, arr, shape: tuple, dtype: str):
@@ -40,6 +43,23 @@ class CompiledOp:
 
     def __init__(self, isa: Isa, lib, threads: int | None, emulate: bool = False):
         self.isa, self.lib, self.threads, self.emulate = isa, lib, threads, emulate
+        self._host_checked = False
+        self._entry = self._entry_of = None
+
+    def _main(self):
+        """The module's entry function, looked up once (calling the module looks it up on every
+        call, a few microseconds)."""
+        if self._entry_of is not self.lib:
+            self._entry, self._entry_of = self.lib["main"], self.lib
+        return self._entry
+
+    def _prepare(self) -> None:
+        """Once per op: the host runs its ISA. Every call: the pool size (set_threads skips an
+        unchanged one)."""
+        if not self._host_checked:
+            require_host(self.isa)
+            self._host_checked = True
+        set_threads(self.threads)
 
     @property
     def asm(self) -> str:
@@ -55,8 +75,7 @@ class CompiledOp:
             if out is not None:
                 raise ValueError("an emulated op returns its output; out= is for native calls")
             return host + [np.full(out_shape, np.nan, np.float32)]
-        require_host(self.isa)
-        set_threads(self.threads)
+        self._prepare()
         if out is None:
             out = aligned_empty(out_shape)
         elif not isinstance(out, tvm.runtime.Tensor) and not is_aligned(out):
@@ -68,7 +87,7 @@ class CompiledOp:
         """The output: a numpy array (a TVM tensor if one was passed as out=)."""
         if self.emulate:
             return bochs.run(self.lib, args, [len(args) - 1])[0]
-        self.lib(*args[:-1])
+        self._main()(*args[:-1])
         return args[-1]
 
     def _time(self, args, number: int, repeat: int, cold: bool) -> list[float]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -469,9 +470,20 @@ class Conv2dOp(CompiledOp):
         """pack_weights is the plain OIHW[x]i[y]o repacking (compiled_weight_packer applies)."""
         return type(self).pack_weights is Conv2dOp.pack_weights
 
+    def _scratch(self) -> dict:
+        """Blocked buffers of the NCHW paths, one set per Python thread (ops may be called from
+        several at once), made on first use."""
+        local = self.__dict__.setdefault("_local", threading.local())
+        if not hasattr(local, "buffers"):
+            shapes = {"data": self.blocked_data_shape, "out": self.blocked_out_shape}
+            if self.post.residual:
+                shapes["residual"] = self.blocked_out_shape
+            local.buffers = {k: tvm.runtime.empty(v, "float32") for k, v in shapes.items()}
+        return local.buffers
+
     @functools.cached_property
     def transforms(self) -> dict:
-        """Compiled layout transforms of this op's NCHW paths (built on first use)."""
+        """Compiled layout transforms of this op's NCHW paths (built on first use), by name."""
         g = self.geometry
         block, groups = self.data_layout
         out = {"to_blocked": layouts.compile_to_nchwc((g.n, g.c, g.h, g.w), block, groups, self.isa),
@@ -487,12 +499,13 @@ class Conv2dOp(CompiledOp):
 class BoundConv2d:
     """A conv2d with its weights (and bias) packed once, kept as TVM tensors: call it on NCHW
     arrays. Per call: the input transform, the convolution and the output transform, all
-    compiled code, into buffers kept from call to call (the result is a fresh array unless
-    `out` is given)."""
+    compiled code, through blocked buffers the op keeps per Python thread (the result is a
+    fresh array unless `out` is given)."""
 
     def __init__(self, op: Conv2dOp, weight, bias=None):
         g = getattr(op, "user_geometry", op.geometry)  # a grouped op's own layer, not its wider groups
         self.op = op
+        self._in_shape, self._out_shape = (g.n, g.c, g.h, g.w), (g.n, g.o, *g.out_hw)
         if op.emulate:
             self.weight = op.pack_weights(weight)
             self.bias = None if bias is None else op.pack_bias(bias)
@@ -500,42 +513,42 @@ class BoundConv2d:
         check_operand("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
         op._check_post(bias is not None, op.post.residual)
         if op.packs_weights_compiled():
-            self.weight = tvm.runtime.tensor(aligned_empty(op.blocked_weight_shape))
+            self.weight = tvm.runtime.empty(op.blocked_weight_shape, "float32")
             src = weight if isinstance(weight, tvm.runtime.Tensor) else operand(np.ascontiguousarray(weight))
+            op._prepare()
             op.transforms["pack_weights"](src, self.weight)
         else:  # Winograd's transform, depthwise and block-diagonal panels: numpy, once
             w = weight.numpy() if isinstance(weight, tvm.runtime.Tensor) else weight
             self.weight = tvm.runtime.tensor(op.pack_weights(w))
         self.bias = None if bias is None else tvm.runtime.tensor(op.pack_bias(bias))
-        self._xb = tvm.runtime.tensor(aligned_empty(op.blocked_data_shape))
-        self._yb = tvm.runtime.tensor(aligned_empty(op.blocked_out_shape))
 
     def __call__(self, data, residual=None, out=None):
-        op, g = self.op, self.op.geometry
-        out_shape = (g.n, g.o, *g.out_hw)
-        check_operand("data", data, (g.n, g.c, g.h, g.w), "float32")
+        op = self.op
+        check_operand("data", data, self._in_shape, "float32")
         op._check_post(self.bias is not None, residual is not None)
         if residual is not None:
-            check_operand("residual", residual, out_shape, "float32")
+            check_operand("residual", residual, self._out_shape, "float32")
         if op.emulate:  # the emulator runs the conv; the transforms are numpy's
+            g = op.geometry
             res = None if residual is None else layouts.to_nchwc(residual, g.block, op.out_groups)
             y = op.from_blocked(op.run_blocked(op.to_blocked(data), self.weight, self.bias, res))
             return y if out is None else _store(out, y)
-        t = op.transforms
-        t["to_blocked"](operand(data), self._xb)
         if out is None:
-            out = aligned_empty(out_shape)
+            out = aligned_empty(self._out_shape)
         else:
-            check_operand("out", out, out_shape, "float32")
+            check_operand("out", out, self._out_shape, "float32")
             if not isinstance(out, tvm.runtime.Tensor) and not is_aligned(out):
                 raise ValueError("out must be 64-byte aligned to be written in place (TVM's code assumes it); "
                                  "allocate it with schedules.aligned_empty(shape)")
-        res = None
+        op._prepare()
+        t, buf = op.transforms, op._scratch()
+        t["to_blocked"](operand(data), buf["data"])
+        args = [buf["data"], self.weight] + ([self.bias] if self.bias is not None else [])
         if residual is not None:
-            res = self._rb = getattr(self, "_rb", None) or tvm.runtime.tensor(aligned_empty(op.blocked_out_shape))
-            t["residual"](operand(residual), res)
-        op.run_blocked(self._xb, self.weight, self.bias, res, self._yb)
-        t["from_blocked"](self._yb, operand(out))
+            t["residual"](operand(residual), buf["residual"])
+            args.append(buf["residual"])
+        op._main()(*args, buf["out"])
+        t["from_blocked"](buf["out"], operand(out))
         return out
 
 

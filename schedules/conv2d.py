@@ -446,7 +446,7 @@ class Conv2dOp(CompiledOp):
         """NCHW data, OIHW weights, bias (O,), residual NCHW of the output's shape; returns NCHW
         (written into `out` when given). The layout transforms and the weight packing are
         compiled code; with weights reused across calls, `bind` packs them once."""
-        return self.bind(weight, bias)(data, residual, out)
+        return BoundConv2d(self, weight, bias, scratch=True)(data, residual, out)
 
     def bind(self, weight, bias=None) -> "BoundConv2d":
         """Pack OIHW `weight` (and `bias`) once; the result is f(x NCHW, residual=None, out=None)."""
@@ -470,16 +470,16 @@ class Conv2dOp(CompiledOp):
         """pack_weights is the plain OIHW[x]i[y]o repacking (compiled_weight_packer applies)."""
         return type(self).pack_weights is Conv2dOp.pack_weights
 
-    def _scratch(self) -> dict:
-        """Blocked buffers of the NCHW paths, one set per Python thread (ops may be called from
-        several at once), made on first use."""
+    def _buffer(self, name: str):
+        """A blocked buffer of the NCHW paths ("data", "out", "residual", "weight"), one per
+        Python thread (ops may be called from several at once), made on first use."""
         local = self.__dict__.setdefault("_local", threading.local())
-        if not hasattr(local, "buffers"):
-            shapes = {"data": self.blocked_data_shape, "out": self.blocked_out_shape}
-            if self.post.residual:
-                shapes["residual"] = self.blocked_out_shape
-            local.buffers = {k: tvm.runtime.empty(v, "float32") for k, v in shapes.items()}
-        return local.buffers
+        buffers = local.__dict__.setdefault("buffers", {})
+        if name not in buffers:
+            shape = {"data": self.blocked_data_shape, "out": self.blocked_out_shape,
+                     "residual": self.blocked_out_shape, "weight": self.blocked_weight_shape}[name]
+            buffers[name] = tvm.runtime.empty(shape, "float32")
+        return buffers[name]
 
     @functools.cached_property
     def transforms(self) -> dict:
@@ -502,7 +502,10 @@ class BoundConv2d:
     compiled code, through blocked buffers the op keeps per Python thread (the result is a
     fresh array unless `out` is given)."""
 
-    def __init__(self, op: Conv2dOp, weight, bias=None):
+    def __init__(self, op: Conv2dOp, weight, bias=None, scratch: bool = False):
+        """scratch: pack into the op's per-thread weight buffer instead of a new one (op(x, w),
+        which packs on every call: a fresh 10 MB buffer cost more in page faults than the
+        packing itself)."""
         g = getattr(op, "user_geometry", op.geometry)  # a grouped op's own layer, not its wider groups
         self.op = op
         self._in_shape, self._out_shape = (g.n, g.c, g.h, g.w), (g.n, g.o, *g.out_hw)
@@ -513,7 +516,7 @@ class BoundConv2d:
         check_operand("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
         op._check_post(bias is not None, op.post.residual)
         if op.packs_weights_compiled():
-            self.weight = tvm.runtime.empty(op.blocked_weight_shape, "float32")
+            self.weight = op._buffer("weight") if scratch else tvm.runtime.empty(op.blocked_weight_shape, "float32")
             src = weight if isinstance(weight, tvm.runtime.Tensor) else operand(np.ascontiguousarray(weight))
             op._prepare()
             op.transforms["pack_weights"](src, self.weight)
@@ -541,14 +544,14 @@ class BoundConv2d:
                 raise ValueError("out must be 64-byte aligned to be written in place (TVM's code assumes it); "
                                  "allocate it with schedules.aligned_empty(shape)")
         op._prepare()
-        t, buf = op.transforms, op._scratch()
-        t["to_blocked"](operand(data), buf["data"])
-        args = [buf["data"], self.weight] + ([self.bias] if self.bias is not None else [])
+        t, xb, yb = op.transforms, op._buffer("data"), op._buffer("out")
+        t["to_blocked"](operand(data), xb)
+        args = [xb, self.weight] + ([self.bias] if self.bias is not None else [])
         if residual is not None:
-            t["residual"](operand(residual), buf["residual"])
-            args.append(buf["residual"])
-        op._main()(*args, buf["out"])
-        t["from_blocked"](buf["out"], operand(out))
+            t["residual"](operand(residual), op._buffer("residual"))
+            args.append(op._buffer("residual"))
+        op._main()(*args, yb)
+        t["from_blocked"](yb, operand(out))
         return out
 
 

@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     bsub = bench.add_subparsers(dest="what", required=True)
     g = bsub.add_parser("gemm", help="FMA peak, L1 tile, matmul vs numpy")
     g.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
-    g.add_argument("--sizes", nargs="+", type=_parse_size, default=[(256,) * 3, (512,) * 3, (1024,) * 3, (1000, 1000, 1000)])
+    g.add_argument("--sizes", nargs="+", type=_parse_size, default=None,
+                   help="M[xNxK] sizes (default: benchmarks.gemm.SIZES, squares and conv-shaped GEMMs)")
     g.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
     g.add_argument("--repeat", type=int, default=7)
     g.add_argument("--sweep", action="store_true", help="also time every register-budget tile shape")
@@ -110,7 +111,10 @@ def main(argv=None) -> int:
                 json.dump(result, f, indent=2)
         return 0
 
+    from benchmarks import host
     from schedules.targets import resolve, set_threads
+
+    log(host.describe())
 
     isa = resolve(args.target)
     threads = getattr(args, "threads", None) or sorted({1, os.cpu_count() or 1})
@@ -136,7 +140,7 @@ def main(argv=None) -> int:
         log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
         result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms, args.path)
     else:
-        result = gemm.run(isa, args.sizes, threads, args.repeat, args.sweep, log)
+        result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -5,8 +5,8 @@ blocked layouts (weights packed ahead of time), which is what a model runs; or n
 arrays, NCHW arrays with weights packed per call, or weights bound once. PyTorch gets plain
 NCHW tensors, as a PyTorch model would, and does its own blocking inside oneDNN. Both are timed
 in the same process, taking turns over three rounds (best median each); with more than one
-thread a pause comes before each PyTorch turn: TVM's idle workers spin for a while after a call
-and would steal its cores.
+thread a pause comes before each turn: TVM's and OpenMP's idle workers spin for a while after
+a call and would steal the other side's cores.
 Cold cache: before every single call the caches are flushed (TVM's cache_flush_cpu_non_first_arg
 for ours, a 64 MiB write for PyTorch), so every call starts with weights and input in DRAM.
 """
@@ -28,6 +28,8 @@ from microkernels import Isa
 from schedules.conv2d import geometry
 from schedules.targets import require_host, set_threads
 from schedules.winograd import refusal
+
+from .timing import seconds_per_call
 
 
 # Workload tables ship inside the package (benchmarks/workloads/<name>_conv2d.csv), so a clone
@@ -105,16 +107,6 @@ def torch_version() -> str | None:
     return f"{torch.__version__} (oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'})"
 
 
-_FLUSH = None
-
-
-def _flush_caches():
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = np.zeros(16 * 1024 * 1024, np.float32)  # 64 MiB, twice this host's L3
-    _FLUSH += 1.0
-
-
 def calls_per_repeat(flops: int, peak_gflops: float, cold: bool) -> int:
     """About 20 ms of work at peak per repeat; one call when cold (the flush is per repeat)."""
     return 1 if cold else max(1, int(0.02 * peak_gflops * 1e9 / flops))
@@ -129,23 +121,6 @@ def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, co
                                              groups=layer.groups)
     with torch.no_grad():
         return seconds_per_call(run, number, repeat, cold)
-
-
-def seconds_per_call(call, number: int, repeat: int, cold: bool) -> float:
-    """Median over `repeat` of the mean time of `number` calls (after one untimed call); cold:
-    caches flushed before every call, outside the timed span."""
-    call()
-    times = []
-    for _ in range(repeat):
-        total = 0.0
-        for _ in range(number):
-            if cold:
-                _flush_caches()
-            t = time.perf_counter()
-            call()
-            total += time.perf_counter() - t
-        times.append(total / number)
-    return statistics.median(times)
 
 
 def dw_loop_gflops(isa: Isa, layer: Layer, calls: int = 2000, repeat: int = 5) -> float:
@@ -261,6 +236,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                         ref = t if ref is None else min(ref, t)
                     for algo, op in by_algo.items():
                         if op is not None:  # None: Winograd cannot run this layer
+                            if threads > 1:  # PyTorch's OpenMP workers spin after a call too
+                                time.sleep(0.1)
                             t = ours_seconds(op, path, x, w, threads, number, repeat, cold)
                             best[algo] = min(best.get(algo, t), t)
                 if ref is not None:

@@ -53,6 +53,7 @@ def test_clone_imports_its_own_packages(clone):
 def test_bench_gemm(clone):
     out = cli(clone, "-m", "microkernels", "bench", "gemm", "--sizes", "96", "--threads", "1", "--repeat", "1")
     assert "GFLOP/s" in out and "96x96x96" in out, out
+    assert out.startswith("host: ") and " cores; caches of cpu0: " in out.splitlines()[0], out
 
 
 def test_bench_conv2d_reads_its_packaged_table(clone):

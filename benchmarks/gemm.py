@@ -112,7 +112,7 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
             # Turns, ROUNDS times, best median each: the machine's drift hits both sides. With
             # more than one thread each turn starts after a pause: OpenBLAS's and TVM's idle
             # workers spin for a while after a call and steal the cores the other side needs
-            # (without it, 3136x64x576 on two threads timed 12 ms instead of 0.8).
+            # (without it, 3136x64x576 on two threads timed 12 ms instead of 0.64).
             ref = ours = user = float("inf")
             pause = (lambda: time.sleep(0.2)) if threads > 1 else (lambda: None)  # noqa: E731
             for _ in range(ROUNDS):

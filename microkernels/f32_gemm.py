@@ -15,6 +15,13 @@ before its one store, so a fused layer writes its output once:
 Each part is optional and adds arguments after the kernel's own, in this order:
     ptr bias (NR floats) | ptr r, i32 ldr (residual tile, row stride ldr) | float lo, float hi
 
+Column groups (`col_block` = G > 0): the NR columns are NR/G groups of G, and group g of B, C
+and the residual lies g*bgs, g*cgs, g*rgs elements after group 0 (each group's rows keep their
+own row stride). A convolution tile spanning two 16-channel output blocks of NCHW16c is such a
+tile: its blocks are a whole output plane apart. The group strides are arguments after the
+kernel's own (`i32 bgs, i32 cgs`, and `i32 rgs` after the residual's `ldr`); names carry `g<G>`
+(mk_f32_brgemm_7x32g16_avx512_beta0).
+
 The batch-reduce variant (oneDNN's brgemm) sums n1*n2*n3 such products into one register tile,
 C (+)= sum over (i1, i2, i3) of A[a + i1*sa1 + i2*sa2 + i3*sa3] @ B_(i1,i2,i3), where the B
 panels follow one another in memory (each k*ldb long). A direct convolution is exactly this
@@ -68,10 +75,15 @@ class GemmKernel:
     accumulate: bool = True  # False: the beta=0 variant, C is overwritten
     batch_reduce: bool = False  # True: sum a 3-deep strided batch of A blocks (see module doc)
     epilogue: Epilogue = NO_EPILOGUE
+    col_block: int = 0  # > 0: columns in groups of this many, each group at its own offset
 
     def __post_init__(self):
         normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
         check_tile(self.isa, self.mr, self.nr)
+        g = self.col_block
+        if g and (not isinstance(g, int) or g < 0 or g % self.isa.lanes or self.nr % g or g == self.nr):
+            raise TileError(f"col_block={g!r} must be a multiple of {self.isa.lanes} that divides NR={self.nr} "
+                            "into at least two groups (0: one contiguous group)")
         if not isinstance(self.epilogue, Epilogue):
             raise TileError(f"epilogue must be an Epilogue, got {type(self.epilogue).__name__}")
 
@@ -87,7 +99,28 @@ class GemmKernel:
     def name(self) -> str:
         op = "brgemm" if self.batch_reduce else "gemm"
         suffix = "" if self.accumulate else "_beta0"
-        return f"mk_f32_{op}_{self.mr}x{self.nr}_{self.isa.name}{suffix}{self.epilogue.suffix}"
+        groups = f"g{self.col_block}" if self.col_block else ""
+        return f"mk_f32_{op}_{self.mr}x{self.nr}{groups}_{self.isa.name}{suffix}{self.epilogue.suffix}"
+
+    def column(self, j: int, stride: str) -> str:
+        """IR for the element offset of column vector j from column 0: j*lanes, or its group's
+        offset (group index times the `stride` argument) plus its place in the group."""
+        at = j * self.isa.lanes
+        if not self.col_block:
+            return str(at)
+        return f"%{stride}g{at // self.col_block}_{at % self.col_block}"
+
+    def column_offsets(self, stride: str) -> list[str]:
+        """Definitions of the names column(j, stride) uses."""
+        if not self.col_block:
+            return []
+        out = []
+        for j in range(self.vectors_per_row):
+            at = j * self.isa.lanes
+            g, off = divmod(at, self.col_block)
+            out.append(f"  %{stride}g{g}_{off}m = mul i64 %{stride}64, {g}")
+            out.append(f"  %{stride}g{g}_{off} = add i64 %{stride}g{g}_{off}m, {off}")
+        return out
 
     def llvm_ir(self) -> str:
         return _generate_batched(self) if self.batch_reduce else _generate(self)
@@ -144,7 +177,7 @@ def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]
     fma = f"@llvm.fma.v{lanes}f32"
     out = ["  %brow = mul i64 %kk, %ldb64"]
     for j in range(nv):
-        out.append(f"  %bo{j} = add i64 %brow, {j * lanes}")
+        out.append(f"  %bo{j} = add i64 %brow, {kern.column(j, 'bgs')}")
         out.append(f"  %bp{j} = getelementptr inbounds float, ptr {b}, i64 %bo{j}")
         out.append(f"  %bv{j} = load {vt}, ptr %bp{j}, align 4")
     for i in range(mr):
@@ -158,9 +191,22 @@ def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]
 
 
 def _epilogue_params(kern: GemmKernel) -> str:
-    e = kern.epilogue
-    return "".join([", ptr noalias %bias" if e.bias else "", ", ptr noalias %r, i32 %ldr" if e.residual else "",
+    """Arguments after the kernel's own: the column-group strides, then the epilogue's."""
+    e, grouped = kern.epilogue, bool(kern.col_block)
+    return "".join([", i32 %bgs, i32 %cgs" if grouped else "", ", ptr noalias %bias" if e.bias else "",
+                    (", ptr noalias %r, i32 %ldr" + (", i32 %rgs" if grouped else "")) if e.residual else "",
                     ", float %lo, float %hi" if e.act == "clip" else ""])
+
+
+def _group_strides(kern: GemmKernel) -> list[str]:
+    """64-bit copies of the group strides and the column offsets built from them."""
+    if not kern.col_block:
+        return []
+    names = ["bgs", "cgs"] + (["rgs"] if kern.epilogue.residual else [])
+    out = [f"  %{v}64 = sext i32 %{v} to i64" for v in names]
+    for v in names:
+        out += kern.column_offsets(v)
+    return out
 
 
 def clip_bounds_ir(vt: str, lanes: int) -> list[str]:
@@ -210,7 +256,7 @@ def _store(kern: GemmKernel, value, cp) -> list[str]:
                 x = f"%eb{i}_{j}"
             if e.residual:
                 out.append(f"  %ro{i}_{j} = mul i64 {i}, %ldr64")
-                out.append(f"  %roj{i}_{j} = add i64 %ro{i}_{j}, {j * lanes}")
+                out.append(f"  %roj{i}_{j} = add i64 %ro{i}_{j}, {kern.column(j, 'rgs')}")
                 out.append(f"  %rp{i}_{j} = getelementptr inbounds float, ptr %r, i64 %roj{i}_{j}")
                 out.append(f"  %rv{i}_{j} = load {vt}, ptr %rp{i}_{j}, align 4")
                 out.append(f"  %er{i}_{j} = fadd {vt} {x}, %rv{i}_{j}")
@@ -233,12 +279,13 @@ def _generate(kern: GemmKernel) -> str:
         "  %ldc64 = sext i32 %ldc to i64",
         "  %k64 = sext i32 %k to i64",
     ]
+    out += _group_strides(kern)
     for i in range(mr):
         out.append(f"  %crow{i} = mul i64 {i}, %ldc64")
         out.append(f"  %arow{i} = mul i64 {i}, %lda64")
         out.append(f"  %ap{i} = getelementptr inbounds float, ptr %a, i64 %arow{i}")
         for j in range(nv):
-            out.append(f"  %co{i}_{j} = add i64 %crow{i}, {j * lanes}")
+            out.append(f"  %co{i}_{j} = add i64 %crow{i}, {kern.column(j, 'cgs')}")
             out.append(f"  %cp{i}_{j} = getelementptr inbounds float, ptr %c, i64 %co{i}_{j}")
             if kern.accumulate:
                 out.append(f"  %c0_{i}_{j} = load {vt}, ptr %cp{i}_{j}, align 4")
@@ -286,13 +333,14 @@ def _generate_batched(kern: GemmKernel) -> str:
     ]
     for v in ("lda", "ldb", "ldc", "k", "n1", "sa1", "n2", "sa2", "n3", "sa3"):
         out.append(f"  %{v}64 = sext i32 %{v} to i64")
+    out += _group_strides(kern)
     for i, j in tiles:
         out.append(f"  %slot{i}_{j} = alloca {vt}, align 32")
     out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
     out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %k64, %ldb64"]
     for i, j in tiles:
         out.append(f"  %crow{i}_{j} = mul i64 {i}, %ldc64")
-        out.append(f"  %coff{i}_{j} = add i64 %crow{i}_{j}, {j * lanes}")
+        out.append(f"  %coff{i}_{j} = add i64 %crow{i}_{j}, {kern.column(j, 'cgs')}")
         out.append(f"  %cp{i}_{j} = getelementptr inbounds float, ptr %c, i64 %coff{i}_{j}")
         init = f"%c0_{i}_{j}" if kern.accumulate else "zeroinitializer"
         if kern.accumulate:

@@ -40,13 +40,16 @@ def test_unit_loops_are_left_out_and_window_is_exact():
     assert tile.name == "mk_f32_brgemm_6x16_avx2_beta0_conv_q1_k1x3_c16_s2_d1x2"
 
 
-def _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, batches, bias=None, res=None, ldr=0, clip=(0.0, 6.0)):
+def _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, batches, bias=None, res=None, ldr=0, clip=(0.0, 6.0),
+                          groups=(0, 0, 0)):
     """Run a batch-reduce kernel through T.call_extern alone: no TIR description, so nothing
     zeroes C first and what C holds afterwards is the kernel's doing only."""
     import tvm
     from tvm.script import tirx as T
 
     (n1, sa1), (n2, sa2), (n3, sa3) = batches
+    bgs, cgs, rgs = groups  # column-group strides (kern.col_block)
+    grouped = kern.col_block > 0  # TVMScript's conditionals take a bool, not an int
     sym, ir = kern.name, kern.llvm_ir()
     ep = kern.epilogue
     bias = np.zeros(1, np.float32) if bias is None else bias
@@ -60,8 +63,9 @@ def _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, batches, bias=None, r
             T.evaluate(T.call_extern(
                 "void", sym, *([A.access_ptr("r"), lda, B.access_ptr("r"), ldb, C.access_ptr("w"), ldc, k,
                                n1, sa1, n2, sa2, n3, sa3]
+                              + ([bgs, cgs] if grouped else [])
                               + ([Bi.access_ptr("r")] if ep.bias else [])
-                              + ([R.access_ptr("r"), ldr] if ep.residual else [])
+                              + ([R.access_ptr("r"), ldr] + ([rgs] if grouped else []) if ep.residual else [])
                               + ([T.float32(clip[0]), T.float32(clip[1])] if ep.act == "clip" else []))))
 
     lib = tvm.compile(tvm.IRModule({"main": call}), target=kern.isa.target)
@@ -134,6 +138,55 @@ def test_epilogue_is_applied_before_the_one_store(isa_name, bias, residual, act)
     np.testing.assert_allclose(got[:, :nr], want, rtol=1e-5, atol=1e-5)
     assert np.isnan(got[:, nr:]).all(), "the kernel wrote past its NR columns"
     assert kern.name.endswith(Epilogue(bias, residual, act).suffix)
+
+
+@pytest.mark.parametrize("isa_name", list(ISAS), ids=X86_IDS)
+@pytest.mark.parametrize("residual", [False, True])
+def test_column_groups_read_and_write_each_group_at_its_own_offset(isa_name, residual):
+    """col_block: a tile of two column groups (two NCHW16c output blocks on AVX-512), each group
+    of B, C and the residual at its own offset, in one flat buffer each with NaN between and
+    around the groups: any element read or written at the wrong place shows."""
+    from microkernels import Epilogue
+
+    isa = ISAS[isa_name]
+    g, mr, k = isa.lanes * (2 if isa.name == "avx512" else 1), 5, 6
+    nr = 2 * g
+    kern = GemmKernel(isa, mr, nr, accumulate=False, batch_reduce=True, col_block=g,
+                      epilogue=Epilogue(True, residual, "relu"))
+    lda, ldb, ldc, ldr = 7, g, g + 3, g + 5  # each group's rows: B compact, C and R padded
+    bgs, cgs, rgs = k * ldb * 2 + 11, mr * ldc + 13, mr * ldr + 17  # group 1 this far after group 0
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal(mr * lda, dtype=np.float32)
+    b = np.full(bgs + k * ldb, np.nan, np.float32)
+    r = np.full(rgs + mr * ldr, np.nan, np.float32)
+    bv = rng.standard_normal(nr, dtype=np.float32)
+    want = np.zeros((mr, nr))
+    a64 = np.stack([a[m * lda: m * lda + k] for m in range(mr)]).astype(np.float64)
+    for grp in range(2):
+        panel = rng.standard_normal((k, g), dtype=np.float32)
+        b[grp * bgs: grp * bgs + k * ldb] = panel.reshape(-1)
+        res = rng.standard_normal((mr, g), dtype=np.float32)
+        for m in range(mr):
+            r[grp * rgs + m * ldr: grp * rgs + m * ldr + g] = res[m]
+        want[:, grp * g:(grp + 1) * g] = a64 @ panel + bv[grp * g:(grp + 1) * g] + (res if residual else 0)
+    want = np.maximum(want, 0)
+    c = np.full(cgs + mr * ldc, np.nan, np.float32)
+    got = _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, ((1, 0), (1, 0), (1, 0)), bv,
+                                r if residual else None, ldr, groups=(bgs, cgs, rgs))
+    for grp in range(2):
+        tile = np.stack([got[grp * cgs + m * ldc: grp * cgs + m * ldc + g] for m in range(mr)])
+        np.testing.assert_allclose(tile, want[:, grp * g:(grp + 1) * g], rtol=1e-5, atol=1e-5)
+        for m in range(mr):
+            got[grp * cgs + m * ldc: grp * cgs + m * ldc + g] = np.nan
+    assert np.isnan(got).all(), "the kernel wrote outside its two groups"
+    assert "g" + str(g) + "_" in kern.name
+
+
+def test_column_groups_refusals():
+    with pytest.raises(TileError, match="col_block=12 must be a multiple of 8"):
+        GemmKernel(AVX2, 2, 16, col_block=12)
+    with pytest.raises(TileError, match="at least two groups"):
+        GemmKernel(AVX2, 2, 16, col_block=16)
 
 
 def test_epilogue_refusals():

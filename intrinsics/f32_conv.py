@@ -72,6 +72,16 @@ class ConvTile:
         object.__setattr__(self, "clip", (float(lo), float(hi)))
 
     @property
+    def groups(self) -> int:
+        """Output blocks the tile spans: NR / col_block for a column-group kernel, else 1."""
+        return self.kern.nr // self.kern.col_block if self.kern.col_block else 1
+
+    @property
+    def cols(self) -> int:
+        """Output channels per block (the tile's columns in each group)."""
+        return self.kern.col_block or self.kern.nr
+
+    @property
     def name(self) -> str:
         clip = f"_{self.clip[0]:g}to{self.clip[1]:g}" if self.kern.epilogue.act == "clip" else ""
         return (f"{self.kern.name}{clip}_conv_q{self.nb}_k{self.kh}x{self.kw}_c{self.bi}"
@@ -98,6 +108,12 @@ class ConvTile:
     def b_index(self, v: dict) -> tuple[str, ...]:
         get = lambda k: v.get(k, "0")  # noqa: E731
         return (get("q"), get("r"), get("s"), get("i"), v["j"])
+
+    def grouped(self, *idx: str, row: bool = False) -> str:
+        """Index text of an operand with a leading block axis when the tile spans several (and,
+        for C and R, the output row's unit axis after it)."""
+        lead = (("vg", "0") if row else ("vg",)) if self.groups > 1 else ()
+        return ", ".join(lead + idx)
 
 
 def element_body(c_ref: str, a_ref: str, b_ref: str, red: list[tuple[str, int]], indent: str,
@@ -134,21 +150,28 @@ def epilogue_expr(value: str, bias_ref: str | None = None, res_ref: str | None =
 
 
 def _render(tile: ConvTile, impl: bool) -> str:
-    mr, nr = tile.kern.mr, tile.kern.nr
+    mr, cb, G = tile.kern.mr, tile.cols, tile.groups
     ep = tile.kern.epilogue
     ah, aw = tile.window
+    lead = (G,) if G > 1 else ()  # the block axis of a tile spanning several output blocks
     a_shape = (tile.nb, ah, aw, tile.bi)
-    b_shape = (tile.nb, tile.kh, tile.kw, tile.bi, nr)
+    b_shape = lead + (tile.nb, tile.kh, tile.kw, tile.bi, cb)
+    # Across blocks, C and R keep the output's row axis (extent 1) between the block and the
+    # pixels: tensorize matches a buffer to the trailing axes of the workload's region, and
+    # only axes in front of all of them may be dropped.
+    c_shape = (G, 1, mr, cb) if G > 1 else (mr, cb)
+    bias_shape = lead + (cb,)
     axes = tile.reduce_axes()
     v = {n: n for n, _ in axes} | {"m": "vm", "j": "vj"}
     a_idx = ", ".join(tile.a_index(v))
-    b_idx = ", ".join(tile.b_index(v))
-    a_region = ", ".join(f"0:{e}" for e in a_shape)
-    b_region = ", ".join(f"0:{e}" for e in b_shape)
+    b_idx = tile.grouped(*tile.b_index(v))
+    region = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
     # Pixels of a row are `bi` apart (NCHWc), which lets the kernel run (s, i) as one stretch.
     strides = f"[s1, s2, {tile.bi}, 1]" if impl else f"[T.int32(), T.int32(), {tile.bi}, 1]"
-    c_strides = "[sc, 1]" if impl else "[T.int32(), 1]"
-    r_strides = "[sr, 1]" if impl else "[T.int32(), 1]"
+    # C and R: (blocks,) rows, columns; a block a whole output plane from the next.
+    c_strides = ("[scg, scy, sc, 1]" if G > 1 else "[sc, 1]") if impl else \
+        ("[T.int32(), T.int32(), T.int32(), 1]" if G > 1 else "[T.int32(), 1]")
+    r_strides = c_strides.replace("sc", "sr")
     params = ["a: T.handle", "b: T.handle"] + (["bias: T.handle"] if ep.bias else []) \
         + (["r: T.handle"] if ep.residual else []) + ["c: T.handle"]
     lines = [
@@ -156,48 +179,55 @@ def _render(tile: ConvTile, impl: bool) -> str:
         f"def f({', '.join(params)}):",
     ]
     if impl:
-        lines += ["    s1 = T.int32()", "    s2 = T.int32()", "    sc = T.int32()"] + (["    sr = T.int32()"] if ep.residual else [])
+        names = ["s1", "s2", "sc"] + (["scg", "scy"] if G > 1 else []) + (["sr"] if ep.residual else []) \
+            + (["srg", "sry"] if ep.residual and G > 1 else [])
+        lines += [f"    {n} = T.int32()" for n in names]
     lines += [
         f"    A = T.match_buffer(a, {a_shape}, 'float32', offset_factor=1, strides={strides})",
-        # B is compact: the kernel walks the weights of the whole reduction as one run.
+        # B is compact: the kernel walks the weights of the whole reduction as one run, and a
+        # second block's weights follow the first's (OIHWio).
         f"    B = T.match_buffer(b, {b_shape}, 'float32', offset_factor=1)",
     ]
     # In the order TIR infers them for the element block (C is read by the reduction), which
     # is what the block tensorize builds around the workload's loops lists.
-    reads = [f"C[0:{mr}, 0:{nr}]", f"A[{a_region}]", f"B[{b_region}]"]
+    reads = [f"C[{region(c_shape)}]", f"A[{region(a_shape)}]", f"B[{region(b_shape)}]"]
     if ep.bias:
-        lines.append(f"    Bias = T.match_buffer(bias, ({nr},), 'float32', offset_factor=1)")
-        reads.append(f"Bias[0:{nr}]")
+        lines.append(f"    Bias = T.match_buffer(bias, {bias_shape}, 'float32', offset_factor=1)")
+        reads.append(f"Bias[{region(bias_shape)}]")
     if ep.residual:
-        lines.append(f"    R = T.match_buffer(r, ({mr}, {nr}), 'float32', offset_factor=1, strides={r_strides})")
-        reads.append(f"R[0:{mr}, 0:{nr}]")
+        lines.append(f"    R = T.match_buffer(r, {c_shape}, 'float32', offset_factor=1, strides={r_strides})")
+        reads.append(f"R[{region(c_shape)}]")
     lines += [
-        f"    C = T.match_buffer(c, ({mr}, {nr}), 'float32', offset_factor=1, strides={c_strides})",
+        f"    C = T.match_buffer(c, {c_shape}, 'float32', offset_factor=1, strides={c_strides})",
         "    with T.sblock('root'):",
         f"        T.reads({', '.join(reads)})",
-        f"        T.writes(C[0:{mr}, 0:{nr}])",
+        f"        T.writes(C[{region(c_shape)}])",
     ]
     if impl:
         # (s, i) are one contiguous run when dw == 1: the kernel's K loop then covers kw*bi
         # steps in one go instead of kw runs of bi.
         bi = tile.bi
         k_run, n3, sa3 = (tile.kw * bi, 1, 0) if tile.dw == 1 else (bi, tile.kw, bi * tile.dw)
-        extra = (", Bias.access_ptr('r')" if ep.bias else "") + (", R.access_ptr('r'), sr" if ep.residual else "") \
+        block_weights = tile.nb * tile.kh * tile.kw * bi * cb
+        extra = (f", {block_weights}, scg" if G > 1 else "") + (", Bias.access_ptr('r')" if ep.bias else "") \
+            + ((", R.access_ptr('r'), sr" + (", srg" if G > 1 else "")) if ep.residual else "") \
             + (f", T.float32({tile.clip[0]!r}), T.float32({tile.clip[1]!r})" if ep.act == "clip" else "")
         lines += [
             "        with T.attr(0, 'pragma_import_llvm', kernel_ir):",
             f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {bi * tile.sw},"
-            f" B.access_ptr('r'), {nr}, C.access_ptr('w'), sc, {k_run}, {tile.nb}, s1, {tile.kh}, s2 * {tile.dh},"
+            f" B.access_ptr('r'), {cb}, C.access_ptr('w'), sc, {k_run}, {tile.nb}, s1, {tile.kh}, s2 * {tile.dh},"
             f" {n3}, {sa3}{extra}))",
         ]
     else:
+        loops, iters = (["g", "m", "j"], "vg, vm, vj") if G > 1 else (["m", "j"], "vm, vj")
         lines += [
-            f"        for m, j in T.grid({mr}, {nr}):",
+            f"        for {', '.join(loops)} in T.grid({', '.join(str(e) for e in c_shape if e != 1 or G == 1)}):",
             "            with T.sblock('update'):",
-            "                vm, vj = T.axis.remap('SS', [m, j])",
+            f"                {iters} = T.axis.remap('{'S' * len(loops)}', [{', '.join(loops)}])",
         ]
-        lines += element_body("C[vm, vj]", f"A[{a_idx}]", f"B[{b_idx}]", axes, " " * 16,
-                              "Bias[vj]" if ep.bias else None, "R[vm, vj]" if ep.residual else None, ep.act, tile.clip)
+        lines += element_body(f"C[{tile.grouped('vm', 'vj', row=True)}]", f"A[{a_idx}]", f"B[{b_idx}]", axes,
+                              " " * 16, f"Bias[{tile.grouped('vj')}]" if ep.bias else None,
+                              f"R[{tile.grouped('vm', 'vj', row=True)}]" if ep.residual else None, ep.act, tile.clip)
     return "\n".join(lines) + "\n"
 
 

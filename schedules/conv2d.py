@@ -31,7 +31,7 @@ from tvm.script import tirx as T
 
 from intrinsics.f32_conv import DEFAULT_CLIP, ConvTile, element_body, reduce_axes, register_conv
 from microkernels import DEFAULT_TILES, NO_EPILOGUE, Epilogue, GemmKernel, Isa
-from microkernels.f32_gemm import ACTIVATIONS
+from microkernels.f32_gemm import ACTIVATIONS, registers_needed
 
 from . import layouts
 from .compiled import CompiledOp, aligned_empty, check_operand, is_aligned, operand
@@ -270,9 +270,22 @@ def _bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool
     return vh, True
 
 
+def output_blocks(g: Geometry, isa: Isa, mr: int) -> int:
+    """Output blocks per tile: 2 where every tile of a row is short (4 to 14 pixels, as on the
+    7- and 14-wide layers) and two blocks' accumulators fit in the registers, else 1. A short
+    one-block tile has too few independent FMA chains to cover the FMA latency (7x16: 80% of
+    peak in L1 on Zen 5, 7x32: 99%). Only groups = 1 layers with an even number of blocks."""
+    if g.groups != 1 or g.ob % 2:
+        return 1
+    two = 2 * g.block
+    ok = all(4 <= t and registers_needed(isa, t, two) <= isa.vector_registers for _, _, t in _segments(g.out_hw[1], mr))
+    return 2 if ok else 1
+
+
 def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool,
-            post: "PostOps") -> tuple[str, list[tuple[str, ConvTile]]]:
-    """TVMScript of the whole layer, and the (block name, tile) pairs to tensorize."""
+            post: "PostOps", blocks: int = 1) -> tuple[str, list[tuple[str, ConvTile]]]:
+    """TVMScript of the whole layer, and the (block name, tile) pairs to tensorize. blocks:
+    output blocks per tile (output_blocks)."""
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
     top, left = g.pad[0], g.pad[1]
@@ -309,7 +322,8 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool,
             f" and 0 <= vx - {left} and vx - {left} < {g.w},",
             f"                        D[vn, vq, vyb * {vh * sh} + vr - {top}, vx - {left}, vi], T.float32(0))",
         ]
-    o_loop = f"T.parallel({g.groups * g.ob})" if not band_parallel else f"T.serial({g.groups * g.ob})"
+    jobs = g.groups * g.ob // blocks
+    o_loop = f"T.parallel({jobs})" if not band_parallel else f"T.serial({jobs})"
     L.append(f"            for o in {o_loop}:")
     L.append(f"                for yi in T.serial({vh}):")
     tensorized = []
@@ -321,12 +335,25 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool,
         # run; that block stays plain TIR.
         tile = None
         if t >= 2 and axes:
-            kern = GemmKernel(isa, t, bo, accumulate=False, batch_reduce=True, epilogue=ep)
+            kern = GemmKernel(isa, t, bo * blocks, accumulate=False, batch_reduce=True, epilogue=ep,
+                              col_block=bo if blocks > 1 else 0)
             tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw, post.clip)
         loops, exts = (["tt", "m", "j"], [count, t, bo]) if t >= 2 else (["tt", "j"], [count, bo])
+        if blocks > 1:
+            loops.insert(1, "g")
+            exts.insert(1, blocks)
         L.append(f"                    for {', '.join(loops)} in T.grid({', '.join(map(str, exts))}):")
         L.append(f"                        with T.sblock('{name}'):")
-        L.append("                            vo, vyi = T.axis.remap('SS', [o, yi])")
+        if blocks > 1:
+            # As for the columns below: the first block is an iterator of its own, so the
+            # tile's inner bindings are exactly the description's (g, not o * 2 + g).
+            L.append(f"                            vo0 = T.axis.spatial({g.groups * g.ob}, o * {blocks})")
+            L.append(f"                            vg = T.axis.spatial({blocks}, g)")
+            L.append(f"                            vyi = T.axis.spatial({vh}, yi)")
+            vo = "vo0 + vg"
+        else:
+            L.append("                            vo, vyi = T.axis.remap('SS', [o, yi])")
+            vo = "vo"
         # The tile's first column is an iterator of its own, so that splitting the block at
         # `m` leaves the inner bindings exactly the description's (m, not start + m).
         L.append(f"                            vx0 = T.axis.spatial({ow}, {start} + tt * {t})")
@@ -336,7 +363,7 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool,
         # The reduction runs as plain loops inside the block, then the epilogue: the form of
         # the tile's description (intrinsics.f32_conv.element_body).
         v = {a: a for a, _ in axes}
-        qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""
+        qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""  # groups > 1: one block per tile
         q = f"{qg}{v.get('q', '0')}"
         vx = "vx0 + vm" if t >= 2 else "vx0"
         col = f"({vx}) * {sw} + {v.get('s', '0')} * {dw}"
@@ -346,10 +373,10 @@ def _render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool,
         else:
             row = f"(vyb * {vh} + vyi) * {sh} + {v.get('r', '0')} * {dh}"
             a_ref = f"D[vn, {q}, {row}, {col}, {v.get('i', '0')}]"
-        w_ref = f"Wt[vo, {v.get('q', '0')}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
-        out_ref = f"Out[vn, vo, vyb * {vh} + vyi, {vx}, vj]"
-        res_ref = f"Res[vn, vo, vyb * {vh} + vyi, {vx}, vj]" if ep.residual else None
-        L += element_body(out_ref, a_ref, w_ref, axes, " " * 28, "Bias[vo, vj]" if ep.bias else None,
+        w_ref = f"Wt[{vo}, {v.get('q', '0')}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
+        out_ref = f"Out[vn, {vo}, vyb * {vh} + vyi, {vx}, vj]"
+        res_ref = f"Res[vn, {vo}, vyb * {vh} + vyi, {vx}, vj]" if ep.residual else None
+        L += element_body(out_ref, a_ref, w_ref, axes, " " * 28, f"Bias[{vo}, vj]" if ep.bias else None,
                           res_ref, ep.act, post.clip)
         if tile:
             tensorized.append((name, tile))
@@ -692,16 +719,18 @@ def schedule(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1
         g = _super_groups(g)
         cls = functools.partial(GroupedConv2dOp, user_geometry=user)
     vh, band_parallel = _bands(g, blocking, pool)
-    text, tiles = _render(g, isa, mr, vh, band_parallel, post)
+    blocks = output_blocks(g, isa, mr)
+    text, tiles = _render(g, isa, mr, vh, band_parallel, post, blocks)
     func = parser.parse(text, extra_vars={"T": T})
     sch = s_tir.Schedule(func)
     for name, tile in tiles:
         blk = sch.get_sblock(name)
         loops = sch.get_loops(blk)
-        sch.tensorize(loops[-2], register_conv(tile))  # the tile's (m, j) loops
+        sch.tensorize(loops[-3 if blocks > 1 else -2], register_conv(tile))  # the tile's ([g,] m, j) loops
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
-    plan = {"algorithm": "direct", "reason": reason or "algorithm='direct'", "mr": mr, "band_rows": vh, "band_parallel": band_parallel,
+    plan = {"algorithm": "direct", "reason": reason or "algorithm='direct'", "mr": mr, "output_blocks": blocks,
+            "band_rows": vh, "band_parallel": band_parallel,
             "segments": _segments(g.out_hw[1], mr)}
     if user is not g:
         plan["block_diagonal"] = f"{user.groups} groups of {user.cg} channels as {g.groups} of {g.cg}"

@@ -48,6 +48,9 @@ CONVS = {
     "stride3_5x5": ((1, 24, 17, 17), (16, 24, 5, 5), dict(stride=3, padding=2)),
     "groups": ((1, 24, 8, 9), (42, 8, 3, 3), dict(padding=1, groups=3)),
     "one_pixel_rows": ((1, 16, 5, 1), (16, 16, 1, 1), dict()),
+    # 7- and 14-wide rows, an even number of output blocks: on AVX-512, tiles of two blocks.
+    "two_block_tiles": ((1, 40, 7, 7), (64, 40, 3, 3), dict(padding=1)),
+    "two_block_tiles_strided": ((2, 16, 9, 25), (32, 16, 1, 3), dict(stride=(1, 2), padding=(0, 1))),
     "winograd_f4": ((1, 32, 10, 10), (32, 32, 3, 3), dict(padding=1, algorithm="winograd", tile=4)),
     "winograd_f2": ((2, 16, 7, 7), (24, 16, 3, 3), dict(padding=1, algorithm="winograd", tile=2)),
 }
@@ -72,6 +75,8 @@ def test_conv2d(isa, name):
         assert op.plan["band_parallel"] and op.plan["band_rows"] < 30, op.plan
     if name == "row_tails_unpadded":
         assert len(op.plan["segments"]) > 1, op.plan  # 35 columns: the tile, then a narrower one
+    if name.startswith("two_block_tiles"):
+        assert op.plan["output_blocks"] == (2 if isa.name == "avx512" else 1), op.plan
 
 
 @ISAS
@@ -89,7 +94,7 @@ def test_post_ops(isa, algorithm):
 
 
 @pytest.mark.skipif(not AVX512.host_supports(), reason="needs an AVX-512 host to compare the emulated run against")
-@pytest.mark.parametrize("name", ["first_layer_7x7s2", "groups", "winograd_f4"])
+@pytest.mark.parametrize("name", ["first_layer_7x7s2", "groups", "winograd_f4", "two_block_tiles"])
 def test_emulated_run_is_bit_exact_with_native(name):
     ds, ws, kw = CONVS[name]
     kw = {"algorithm": "direct"} | kw

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from microkernels import Isa
 
@@ -25,6 +26,15 @@ def operand(arr):
         return tvm.runtime.from_dlpack(arr)  # refuses memory that is not 64-byte aligned
     except RuntimeError:
         return tvm.runtime.tensor(arr)
+
+
+def user_operand(arr):
+    """A TVM tensor over a C-contiguous numpy array's memory whatever its alignment, for the
+    compiled layout transforms, which declare their NCHW side 4-byte aligned; a TVM tensor as
+    it is."""
+    if isinstance(arr, tvm.runtime.Tensor):
+        return arr
+    return tvm_ffi.from_dlpack(arr, require_alignment=0)
 
 
 def check_operand(name: str, arr, shape: tuple, dtype: str):

@@ -34,7 +34,7 @@ from microkernels import DEFAULT_TILES, NO_EPILOGUE, Epilogue, GemmKernel, Isa
 from microkernels.f32_gemm import ACTIVATIONS, registers_needed
 
 from . import layouts
-from .compiled import CompiledOp, aligned_empty, check_operand, is_aligned, operand
+from .compiled import CompiledOp, check_operand, user_operand
 from .conv2d_int8 import conv2d_int8, conv_kernel
 from .targets import check_array, check_elements, check_emulate, dtype_name, positive_int, resolve, thread_count
 
@@ -513,7 +513,11 @@ class Conv2dOp(CompiledOp):
         """Compiled layout transforms of this op's NCHW paths (built on first use), by name."""
         g = self.geometry
         block, groups = self.data_layout
-        out = {"to_blocked": layouts.compile_to_nchwc((g.n, g.c, g.h, g.w), block, groups, self.isa),
+        # A 1x1 strided layer without padding reads only every stride-th row and column of its
+        # input: the others need no converting (a quarter of the pixels at stride 2).
+        direct_1x1 = self.plan.get("algorithm") == "direct" and (g.kh, g.kw) == (1, 1) and not g.padded
+        step = g.stride if direct_1x1 else (1, 1)
+        out = {"to_blocked": layouts.compile_to_nchwc((g.n, g.c, g.h, g.w), block, groups, self.isa, step),
                "from_blocked": layouts.compile_from_nchwc(self.blocked_out_shape, g.o, self.out_groups, self.isa)}
         if self.post.residual:
             out["residual"] = layouts.compile_to_nchwc((g.n, g.o, *g.out_hw), g.block, self.out_groups, self.isa)
@@ -544,7 +548,7 @@ class BoundConv2d:
         op._check_post(bias is not None, op.post.residual)
         if op.packs_weights_compiled():
             self.weight = op._buffer("weight") if scratch else tvm.runtime.empty(op.blocked_weight_shape, "float32")
-            src = weight if isinstance(weight, tvm.runtime.Tensor) else operand(np.ascontiguousarray(weight))
+            src = user_operand(weight if isinstance(weight, tvm.runtime.Tensor) else np.ascontiguousarray(weight))
             op._prepare()
             op.transforms["pack_weights"](src, self.weight)
         else:  # Winograd's transform, depthwise and block-diagonal panels: numpy, once
@@ -564,21 +568,18 @@ class BoundConv2d:
             y = op.from_blocked(op.run_blocked(op.to_blocked(data), self.weight, self.bias, res))
             return y if out is None else _store(out, y)
         if out is None:
-            out = aligned_empty(self._out_shape)
+            out = np.empty(self._out_shape, np.float32)
         else:
             check_operand("out", out, self._out_shape, "float32")
-            if not isinstance(out, tvm.runtime.Tensor) and not is_aligned(out):
-                raise ValueError("out must be 64-byte aligned to be written in place (TVM's code assumes it); "
-                                 "allocate it with schedules.aligned_empty(shape)")
         op._prepare()
         t, xb, yb = op.transforms, op._buffer("data"), op._buffer("out")
-        t["to_blocked"](operand(data), xb)
+        t["to_blocked"](user_operand(data), xb)
         args = [xb, self.weight] + ([self.bias] if self.bias is not None else [])
         if residual is not None:
-            t["residual"](operand(residual), op._buffer("residual"))
+            t["residual"](user_operand(residual), op._buffer("residual"))
             args.append(op._buffer("residual"))
         op._main()(*args, yb)
-        t["from_blocked"](yb, operand(out))
+        t["from_blocked"](yb, user_operand(out))
         return out
 
 

@@ -74,25 +74,31 @@ def pack_weights(w: np.ndarray, in_block: int, out_block: int, groups: int = 1) 
 
 
 # Compiled twins of the transforms above, for ops called on NCHW arrays (Conv2dOp.__call__ and
-# bind): numpy's strided copies cost more than some layers' convolution. Each is a TE definition
-# whose outer axes are fused and parallel and whose innermost axis, the lanes of a block, is
-# unrolled: scalar loads from 16 channel rows (each read in order) that LLVM's SLP vectorizer
-# turns into shuffles and vector stores, or the reverse. Compiled for AVX2 whatever the op's ISA:
-# measured on a Zen 5 host, 1 thread, that reached 53-57 GB/s both ways and 46 GB/s for the
-# weight packing; the AVX-512 target reached 28-36 GB/s unrolled, and vectorizing the lanes
-# (gathers) 55-60 GB/s into the blocked layout but 31-33 GB/s out of it.
+# bind): numpy's strided copies cost more than some layers' convolution. Each is TIR whose outer
+# axes are fused and parallel and whose innermost axis, the lanes of a block, is unrolled:
+# scalar loads from 16 channel rows (each read in order) that LLVM's SLP vectorizer turns into
+# shuffles and vector stores, or the reverse. Compiled for AVX2 whatever the op's ISA: measured
+# on a Zen 5 host, 1 thread, that reached 53-57 GB/s both ways and 46 GB/s for the weight
+# packing; the AVX-512 target reached 28-36 GB/s unrolled, and vectorizing the lanes (gathers)
+# 55-60 GB/s into the blocked layout but 31-33 GB/s out of it.
+# The user's side of each (NCHW data, OIHW weights, NCHW output) is declared 4-byte aligned, so
+# TVM's code assumes no more and a numpy array goes in as it is (`user_operand`), however
+# numpy aligned it; the blocked side is TVM's own 64-byte aligned memory.
 
-def _compile(outs, ins, isa, name: str, parallel: int, split_last: int = 0):
-    """parallel: how many outer axes to fuse into the parallel loop. split_last: split the last
-    axis by this factor and move its inner part innermost (from_nchwc's channels -> lanes)."""
+def _compile(text: str, name: str, isa, parallel: int, split: int = 0):
+    """Parse, schedule and compile one transform; return its entry function. parallel: how many
+    outer loops to fuse into the parallel loop. split: split loop 1 by this factor and move its
+    inner part innermost (from_nchwc's channels -> lanes)."""
     import tvm
-    from tvm import s_tir, te
+    from tvm import s_tir
+    from tvm.script import parser
+    from tvm.script import tirx as T
 
-    sch = s_tir.Schedule(te.create_prim_func([*ins, outs]))
-    blk = sch.get_sblock(outs.op.name)
+    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    blk = sch.get_sblock(name)
     loops = sch.get_loops(blk)
-    if split_last:
-        outer, lane = sch.split(loops[1], [None, split_last])
+    if split:
+        outer, lane = sch.split(loops[1], [None, split])
         sch.reorder(*([loops[0], outer] + list(loops[2:]) + [lane]))
         loops = sch.get_loops(blk)
     sch.parallel(sch.fuse(*loops[:parallel]))
@@ -105,51 +111,57 @@ def _compile(outs, ins, isa, name: str, parallel: int, split_last: int = 0):
     return lib[name]  # the entry function (it keeps its module alive); calling it skips a lookup
 
 
-def compile_to_nchwc(shape: tuple, block: int, groups: int, isa):
-    """to_nchwc as a compiled function f(x NCHW, out (N, groups*CB, H, W, block)) on TVM tensors."""
-    from tvm import te, tirx
+def _func(params: str, loops: list[tuple[str, int]], name: str, store: str) -> str:
+    names = [v for v, _ in loops]
+    return "\n".join([
+        "@T.prim_func(s_tir=True)",
+        f"def main({params}):",
+        "    T.func_attr({'tirx.noalias': True})",
+        f"    for {', '.join(names)} in T.grid({', '.join(str(e) for _, e in loops)}):",
+        f"        with T.sblock('{name}'):",
+        f"            {', '.join('v' + v for v in names)} = T.axis.remap('{'S' * len(names)}', [{', '.join(names)}])",
+        f"            {store}",
+    ]) + "\n"
 
+
+def compile_to_nchwc(shape: tuple, block: int, groups: int, isa, step: tuple[int, int] = (1, 1)):
+    """to_nchwc as a compiled function f(x NCHW, out (N, groups*CB, H, W, block)) on TVM tensors.
+    step (sh, sw): convert only rows and columns that are multiples of it, the pixels a 1x1
+    strided convolution without padding reads; the others of `out` are left as they were."""
     n, c, h, w = shape
     cg = c // groups
     cb = _ceil_div(cg, block)
-    x = te.placeholder(shape, "float32", name="x")
-
-    def elem(i, b, y, z, lane):
-        ch = b % cb * block + lane
-        return tirx.if_then_else(ch < cg, x[i, b // cb * cg + tirx.min(ch, cg - 1), y, z], tirx.const(0, "float32"))
-
-    out = te.compute((n, groups * cb, h, w, block), elem, name="to_nchwc")
-    return _compile(out, [x], isa, "to_nchwc", parallel=3)
+    sh, sw = step
+    ch = f"vb % {cb} * {block} + vl"
+    params = (f"x: T.Buffer({shape}, 'float32', align=4), "
+              f"out: T.Buffer({(n, groups * cb, h, w, block)}, 'float32')")
+    loops = [("i", n), ("b", groups * cb), ("y", _ceil_div(h, sh)), ("z", _ceil_div(w, sw)), ("l", block)]
+    store = (f"out[vi, vb, vy * {sh}, vz * {sw}, vl] = T.if_then_else({ch} < {cg}, "
+             f"x[vi, vb // {cb} * {cg} + T.min({ch}, {cg - 1}), vy * {sh}, vz * {sw}], T.float32(0))")
+    return _compile(_func(params, loops, "to_nchwc", store), "to_nchwc", isa, parallel=3)
 
 
 def compile_from_nchwc(blocked_shape: tuple, channels: int, groups: int, isa):
     """from_nchwc as a compiled function f(y blocked, out NCHW) on TVM tensors."""
-    from tvm import te
-
     n, blocks, h, w, block = blocked_shape
     og, per = channels // groups, blocks // groups
-    y = te.placeholder(blocked_shape, "float32", name="y")
-    out = te.compute((n, channels, h, w),
-                     lambda i, ch, r, z: y[i, ch // og * per + ch % og // block, r, z, ch % og % block],
-                     name="from_nchwc")
-    return _compile(out, [y], isa, "from_nchwc", parallel=3, split_last=block)
+    params = (f"y: T.Buffer({blocked_shape}, 'float32'), "
+              f"out: T.Buffer({(n, channels, h, w)}, 'float32', align=4)")
+    loops = [("i", n), ("c", channels), ("r", h), ("z", w)]
+    store = f"out[vi, vc, vr, vz] = y[vi, vc // {og} * {per} + vc % {og} // {block}, vr, vz, vc % {og} % {block}]"
+    return _compile(_func(params, loops, "from_nchwc", store), "from_nchwc", isa, parallel=3, split=block)
 
 
 def compile_pack_weights(shape: tuple, in_block: int, out_block: int, groups: int, isa):
     """pack_weights as a compiled function f(w OIHW, out (groups*OB, IB, KH, KW, in_block,
     out_block)) on TVM tensors."""
-    from tvm import te, tirx
-
     o, cg, kh, kw = shape
     og = o // groups
     ob, ib = _ceil_div(og, out_block), _ceil_div(cg, in_block)
-    w = te.placeholder(shape, "float32", name="w")
-
-    def elem(b, q, r, s, i, j):
-        oc, ic = b % ob * out_block + j, q * in_block + i
-        ok = tirx.all(oc < og, ic < cg)
-        return tirx.if_then_else(ok, w[b // ob * og + tirx.min(oc, og - 1), tirx.min(ic, cg - 1), r, s],
-                                 tirx.const(0, "float32"))
-
-    out = te.compute((groups * ob, ib, kh, kw, in_block, out_block), elem, name="pack_weights")
-    return _compile(out, [w], isa, "pack_weights", parallel=2)
+    packed = (groups * ob, ib, kh, kw, in_block, out_block)
+    params = f"w: T.Buffer({shape}, 'float32', align=4), out: T.Buffer({packed}, 'float32')"
+    loops = [("b", packed[0]), ("q", ib), ("r", kh), ("s", kw), ("i", in_block), ("j", out_block)]
+    oc, ic = f"vb % {ob} * {out_block} + vj", f"vq * {in_block} + vi"
+    store = (f"out[vb, vq, vr, vs, vi, vj] = T.if_then_else({oc} < {og} and {ic} < {cg}, "
+             f"w[vb // {ob} * {og} + T.min({oc}, {og - 1}), T.min({ic}, {cg - 1}), vr, vs], T.float32(0))")
+    return _compile(_func(params, loops, "pack_weights", store), "pack_weights", isa, parallel=2)

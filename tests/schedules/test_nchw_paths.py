@@ -92,6 +92,41 @@ def test_bind_packs_once_and_matches_the_blocked_path():
     assert f.weight is weight  # packed once, kept on TVM's side
 
 
+def unaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` whose data starts 4 bytes past a 64-byte boundary."""
+    raw = aligned_empty((a.size + 16,))
+    v = raw[1:1 + a.size].reshape(a.shape)
+    v[...] = a
+    assert not is_aligned(v)
+    return v
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_nchw_paths_read_and_write_unaligned_arrays_in_place(stride):
+    """The NCHW paths take numpy arrays at any alignment without copying them (their transforms
+    assume 4 bytes), out= included; a 1x1 strided layer converts only the pixels it reads."""
+    op = schedules.conv2d((1, 32, 10, 10), (48, 32, 1, 1), stride=stride, threads=1)
+    x, w = rand((1, 32, 10, 10)), rand((48, 32, 1, 1), 1)
+    want = op.from_blocked(op.run_blocked(op.to_blocked(x), op.pack_weights(w)))
+    xu, wu = unaligned(x), unaligned(w)
+    out = unaligned(np.zeros(want.shape, np.float32))
+    f = op.bind(wu)
+    assert f(xu, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(op(xu, wu), want)
+
+
+def test_strided_input_transform_leaves_the_other_pixels_alone():
+    x = rand((1, 20, 7, 9))
+    got = tvm.runtime.tensor(np.full((1, 2, 7, 9, 16), np.nan, np.float32))
+    layouts.compile_to_nchwc(x.shape, 16, 1, ISA, step=(2, 3))(tvm.runtime.tensor(x), got)
+    got, want = got.numpy(), layouts.to_nchwc(x, 16)
+    np.testing.assert_array_equal(got[:, :, ::2, ::3], want[:, :, ::2, ::3])
+    kept = np.ones(got.shape, bool)
+    kept[:, :, ::2, ::3] = False
+    assert np.isnan(got[kept]).all()
+
+
 @st.composite
 def layouts_cases(draw):
     groups = draw(st.integers(1, 4))

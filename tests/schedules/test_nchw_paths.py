@@ -45,6 +45,15 @@ def rand(shape, seed=0):
     return a
 
 
+def unaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` whose data starts 4 bytes past a 64-byte boundary."""
+    raw = aligned_empty((a.size + 16,))
+    v = raw[1:1 + a.size].reshape(a.shape)
+    v[...] = a
+    assert not is_aligned(v)
+    return v
+
+
 def test_run_blocked_hands_the_callers_buffers_to_the_kernel():
     op = schedules.conv2d((1, 32, 9, 9), (32, 32, 3, 3), padding=1, threads=1, bias=True)
     x = rand((1, 32, 9, 9))
@@ -55,7 +64,7 @@ def test_run_blocked_hands_the_callers_buffers_to_the_kernel():
     got = op.run_blocked(xb, wb, bb, out=out)
     assert got is out
     assert op.lib.seen == [[a.ctypes.data for a in (xb, wb, bb, out)]]
-    want = op.run_blocked(np.array(xb), np.array(wb), np.array(bb))  # unaligned copies: copied in
+    want = op.run_blocked(unaligned(xb), unaligned(wb), unaligned(bb))  # copied into aligned tensors
     np.testing.assert_array_equal(out, want)
 
 
@@ -70,7 +79,7 @@ def test_matmul_writes_out_in_place_and_takes_tvm_tensors():
     tb = tvm.runtime.tensor(b)
     np.testing.assert_array_equal(op(a, tb), out)
     with pytest.raises(ValueError, match="64-byte aligned"):
-        op(a, b, out=np.zeros((41, 48), np.float32)[1:])
+        op(a, b, out=unaligned(np.zeros((40, 48), np.float32)))
     with pytest.raises(ValueError, match=r"shape \(24, 48\)"):
         op(a, tvm.runtime.tensor(np.zeros((48, 24), np.float32)))
 
@@ -90,15 +99,6 @@ def test_bind_packs_once_and_matches_the_blocked_path():
     np.testing.assert_array_equal(f(x, r), want)
     np.testing.assert_array_equal(op(x, w, b, r), want)
     assert f.weight is weight  # packed once, kept on TVM's side
-
-
-def unaligned(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of `a` whose data starts 4 bytes past a 64-byte boundary."""
-    raw = aligned_empty((a.size + 16,))
-    v = raw[1:1 + a.size].reshape(a.shape)
-    v[...] = a
-    assert not is_aligned(v)
-    return v
 
 
 @pytest.mark.parametrize("stride", [1, 2])

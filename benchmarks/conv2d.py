@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -29,7 +28,7 @@ from schedules.conv2d import geometry
 from schedules.targets import require_host, set_threads
 from schedules.winograd import refusal
 
-from .timing import seconds_per_call
+from .timing import seconds_per_call, settle
 
 
 # Workload tables ship inside the package (benchmarks/workloads/<name>_conv2d.csv), so a clone
@@ -230,14 +229,12 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 ref, best = None, {}
                 for _ in range(ROUNDS):
                     if tv:
-                        if threads > 1:
-                            time.sleep(0.1)
+                        settle(threads, 0.1)
                         t = torch_seconds(layer, x, w, threads, number, repeat, cold)
                         ref = t if ref is None else min(ref, t)
                     for algo, op in by_algo.items():
                         if op is not None:  # None: Winograd cannot run this layer
-                            if threads > 1:  # PyTorch's OpenMP workers spin after a call too
-                                time.sleep(0.1)
+                            settle(threads, 0.1)
                             t = ours_seconds(op, path, x, w, threads, number, repeat, cold)
                             best[algo] = min(best.get(algo, t), t)
                 if ref is not None:

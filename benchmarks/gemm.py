@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 import tvm
@@ -15,7 +14,7 @@ import schedules
 from microkernels import FmaPeakKernel, GemmKernel, Isa, default_kernel, max_tiles
 from schedules.targets import require_host, set_threads
 
-from .timing import seconds_per_call
+from .timing import seconds_per_call, settle
 
 ROUNDS = 3
 
@@ -29,6 +28,13 @@ def measure_peak(isa: Isa, iters: int = 200_000, repeat: int = 5, loads: bool = 
     """GFLOP/s of independent FMA chains on one thread of this host; with `loads`, each FMA's
     multiplier loaded from L1 (one load per FMA: the depthwise bound)."""
     kern = FmaPeakKernel(isa, loads)
+    buf = tvm.runtime.tensor(np.full(kern.io_floats, 0.5, np.float32))
+    res = compile_peak(kern, iters).mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(buf).results
+    return kern.flops(iters) / statistics.median(res) / 1e9
+
+
+def compile_peak(kern: FmaPeakKernel, iters: int):
+    """The probe module: main(io) runs the kernel for `iters` iterations on io."""
     n, sym, ir = kern.io_floats, kern.name, kern.llvm_ir()
 
     @T.prim_func(s_tir=True)
@@ -36,10 +42,7 @@ def measure_peak(isa: Isa, iters: int = 200_000, repeat: int = 5, loads: bool = 
         with T.attr(0, "pragma_import_llvm", ir):
             T.evaluate(T.call_extern("void", sym, io.access_ptr("rw"), iters))
 
-    lib = tvm.compile(tvm.IRModule({"main": probe}), target=isa.target)
-    buf = tvm.runtime.tensor(np.full(n, 0.5, np.float32))
-    res = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(buf).results
-    return kern.flops(iters) / statistics.median(res) / 1e9
+    return tvm.compile(tvm.IRModule({"main": probe}), target=kern.isa.target)
 
 
 def tile_gflops(kern: GemmKernel, kc: int = 256, calls: int = 2000, repeat: int = 5) -> float:
@@ -73,13 +76,7 @@ def numpy_seconds(a, b, threads: int, repeat: int) -> float:
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=threads):
-        a @ b
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        return seconds_per_call(lambda: a @ b, 1, repeat, cold=False)
 
 
 def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
@@ -109,16 +106,14 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
             a = rng.standard_normal((M, K), dtype=np.float32)
             b = rng.standard_normal((K, N), dtype=np.float32)
             number = max(1, int(2e8 // op.flops))
-            # Turns, ROUNDS times, best median each: the machine's drift hits both sides. With
-            # more than one thread each turn starts after a pause: OpenBLAS's and TVM's idle
-            # workers spin for a while after a call and steal the cores the other side needs
-            # (without it, 3136x64x576 on two threads timed 12 ms instead of 0.64).
+            # Turns, ROUNDS times, best median each: the machine's drift hits both sides; each
+            # turn starts after settle() (without it, 3136x64x576 on two threads timed 12 ms
+            # instead of 0.64).
             ref = ours = user = float("inf")
-            pause = (lambda: time.sleep(0.2)) if threads > 1 else (lambda: None)  # noqa: E731
             for _ in range(ROUNDS):
-                pause()
+                settle(threads, 0.2)
                 ref = min(ref, numpy_seconds(a, b, threads, repeat))
-                pause()
+                settle(threads, 0.2)
                 ours = min(ours, statistics.median(op.time(a, b, number=number, repeat=repeat)))
                 user = min(user, seconds_per_call(lambda: op(a, b), number, repeat, cold=False))  # noqa: B023
             g, gn = op.flops / ours / 1e9, op.flops / ref / 1e9

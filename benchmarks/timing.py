@@ -32,3 +32,11 @@ def seconds_per_call(call, number: int, repeat: int, cold: bool) -> float:
             total += time.perf_counter() - t
         times.append(total / number)
     return statistics.median(times)
+
+
+def settle(threads: int, seconds: float) -> None:
+    """Before one side's turn at more than one thread: let the other side's idle workers (TVM's
+    pool, OpenMP's, OpenBLAS's) stop spinning, which they do for a while after a call, taking
+    the cores this side's threads need."""
+    if threads > 1:
+        time.sleep(seconds)

@@ -9,12 +9,8 @@ import tvm_ffi
 from microkernels import Isa
 
 from . import bochs
-from .layouts import ALIGN, aligned_empty
+from .layouts import aligned_empty, is_aligned
 from .targets import check_array, require_host, set_threads
-
-
-def is_aligned(arr: np.ndarray) -> bool:
-    return arr.__array_interface__["data"][0] % ALIGN == 0
 
 
 def operand(arr):

@@ -494,7 +494,8 @@ class Conv2dOp(CompiledOp):
         return self.geometry.groups
 
     def packs_weights_compiled(self) -> bool:
-        """pack_weights is the plain OIHW[x]i[y]o repacking (compiled_weight_packer applies)."""
+        """pack_weights is the plain OIHW[x]i[y]o repacking, so layouts.compile_pack_weights
+        can do it (not Winograd's transform, depthwise or block-diagonal weights)."""
         return type(self).pack_weights is Conv2dOp.pack_weights
 
     def _buffer(self, name: str):

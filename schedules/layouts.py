@@ -34,9 +34,13 @@ def aligned_empty(shape, dtype="float32") -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def is_aligned(arr: np.ndarray) -> bool:
+    return arr.__array_interface__["data"][0] % ALIGN == 0
+
+
 def aligned(arr: np.ndarray) -> np.ndarray:
     """`arr` as a C-contiguous, 64-byte aligned array (itself if it already is one)."""
-    if arr.flags.c_contiguous and arr.ctypes.data % ALIGN == 0:
+    if arr.flags.c_contiguous and is_aligned(arr):
         return arr
     out = aligned_empty(arr.shape, arr.dtype)
     out[...] = arr

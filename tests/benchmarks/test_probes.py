@@ -4,27 +4,14 @@ that bound (it did, 4.5x, while LLVM hoisted a short row's FMAs out of the probe
 
 import numpy as np
 import pytest
-import tvm
-from tvm.script import tirx as T
 
 from benchmarks.conv2d import dw_loop_gflops, load_workloads
-from benchmarks.gemm import measure_peak
+from benchmarks.gemm import compile_peak, measure_peak
 from microkernels import FmaPeakKernel, asm
 from microkernels.f32_fma_peak import SLOTS
 from microkernels.isa import best_host_isa
 
 from ..x86_exec import X86, X86_IDS, execute
-
-
-def _compiled(kern: FmaPeakKernel, iters: int):
-    n, sym, ir = kern.io_floats, kern.name, kern.llvm_ir()
-
-    @T.prim_func(s_tir=True)
-    def probe(io: T.Buffer((n,), "float32")):
-        with T.attr(0, "pragma_import_llvm", ir):
-            T.evaluate(T.call_extern("void", sym, io.access_ptr("rw"), iters))
-
-    return tvm.compile(tvm.IRModule({"main": probe}), target=kern.isa.target)
 
 
 @pytest.mark.parametrize("isa", X86, ids=X86_IDS)
@@ -33,7 +20,7 @@ def test_load_peak_kernel_uses_a_fresh_multiplier_each_iteration(isa):
     lanes, chains = isa.lanes, kern.chains
     rng = np.random.default_rng(1)
     io = rng.uniform(0.5, 1.0, kern.io_floats).astype(np.float32)
-    got, = execute(_compiled(kern, iters), isa, [io], [0])
+    got, = execute(compile_peak(kern, iters), isa, [io], [0])
     ad = io[lanes:2 * lanes].astype(np.float64)
     y = io[2 * lanes:(2 + chains) * lanes].reshape(chains, lanes).astype(np.float64)
     mult = io[(2 + chains) * lanes:].reshape(SLOTS, chains, lanes).astype(np.float64)
@@ -45,7 +32,7 @@ def test_load_peak_kernel_uses_a_fresh_multiplier_each_iteration(isa):
 @pytest.mark.parametrize("isa", X86, ids=lambda isa: isa.name)
 def test_load_peak_loop_is_one_memory_operand_fma_per_chain(isa):
     kern = FmaPeakKernel(isa, loads=True)
-    fn = _compiled(kern, 100).mod.inspect_source("asm")  # no parallel loop: one function
+    fn = compile_peak(kern, 100).mod.inspect_source("asm")  # no parallel loop: one function
     loops = asm.fma_loops(fn)
     assert len(loops) == 1, [lp.body for lp in loops]
     fmas = [ins for ins in loops[0].body if ins.startswith("vfmadd")]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import schedules
 from schedules import aligned_empty, layouts
-from schedules.compiled import is_aligned
+from schedules.layouts import is_aligned
 from microkernels.isa import best_host_isa
 
 ISA = best_host_isa()  # the transforms are plain TVM code: the host's ISA is the one they run on

@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     g.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
     g.add_argument("--repeat", type=int, default=7)
     g.add_argument("--sweep", action="store_true", help="also time every register-budget tile shape")
+    g.add_argument("--breakdown", action="store_true",
+                   help="also time each phase of every matmul: pack A, pack B, the tiles, the rest")
     g.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     c = bsub.add_parser("conv2d", help="ResNet-50 conv layers vs PyTorch (oneDNN)")
     c.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
@@ -140,7 +142,7 @@ def main(argv=None) -> int:
         log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
         result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms, args.path)
     else:
-        result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log)
+        result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log, args.breakdown)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 import intrinsics
 import schedules
-from microkernels import FmaPeakKernel, GemmKernel, Isa, default_kernel, max_tiles
+from microkernels import MATMUL_TILES, FmaPeakKernel, GemmKernel, Isa, max_tiles
 from schedules.targets import require_host, set_threads
 
 from .timing import seconds_per_call, settle
@@ -26,11 +26,13 @@ SIZES = [(512,) * 3, (1000,) * 3, (1024,) * 3, (2048,) * 3, (3136, 64, 576), (78
 
 def measure_peak(isa: Isa, iters: int = 200_000, repeat: int = 5, loads: bool = False) -> float:
     """GFLOP/s of independent FMA chains on one thread of this host; with `loads`, each FMA's
-    multiplier loaded from L1 (one load per FMA: the depthwise bound)."""
+    multiplier loaded from L1 (one load per FMA: the depthwise bound). The best median of
+    ROUNDS rounds: a busy neighbour on the shared host only ever lowers it."""
     kern = FmaPeakKernel(isa, loads)
     buf = tvm.runtime.tensor(np.full(kern.io_floats, 0.5, np.float32))
-    res = compile_peak(kern, iters).mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(buf).results
-    return kern.flops(iters) / statistics.median(res) / 1e9
+    ev = compile_peak(kern, iters).mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)
+    best = min(statistics.median(ev(buf).results) for _ in range(ROUNDS))
+    return kern.flops(iters) / best / 1e9
 
 
 def compile_peak(kern: FmaPeakKernel, iters: int):
@@ -79,27 +81,39 @@ def numpy_seconds(a, b, threads: int, repeat: int) -> float:
         return seconds_per_call(lambda: a @ b, 1, repeat, cold=False)
 
 
-def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
+def phase_seconds(op, repeat: int) -> dict:
+    """Seconds per call of each of the op's phases (MatmulOp.phases), on TVM tensors, best
+    median over ROUNDS; "rest": the whole op's time less theirs, the cropping into C and what
+    the phases do not overlap."""
+    out = {}
+    for part, (lib, shapes) in op.phases().items():
+        args = [tvm.runtime.tensor(np.ones(s, np.float32)) for s in shapes]
+        ev = lib.mod.time_evaluator("main", tvm.cpu(), number=max(1, int(1e8 // op.flops) + 1), repeat=repeat)
+        out[part] = min(statistics.median(ev(*args).results) for _ in range(ROUNDS))
+    return out
+
+
+def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log, breakdown: bool = False) -> dict:
     require_host(isa)
     set_threads(1)
     peak1 = measure_peak(isa)
     out = {"isa": isa.name, "peak_gflops_1thread": peak1, "tiles": [], "matmul": []}
     log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
     log(f"numpy BLAS: {numpy_blas()}")
-    tiles = [t for t in max_tiles(isa) if t[0] >= 2] if sweep else []
-    default = default_kernel(isa.name)
-    for mr, nr in sorted(set(tiles) | {(default.mr, default.nr)}):
-        kern = GemmKernel(isa, mr, nr)
+    mrs, nr = MATMUL_TILES[isa.name]
+    tiles = {(mr, nr) for mr in mrs} | ({t for t in max_tiles(isa) if t[0] >= 2} if sweep else set())
+    for mr, nr_ in sorted(tiles, key=lambda t: (t[1], -t[0])):
+        kern = GemmKernel(isa, mr, nr_)
         g = tile_gflops(kern)
-        mark = "  (default)" if kern == default else ""
+        mark = "  (a matmul tile)" if nr_ == nr and mr in mrs else ""
         log(f"  tile {kern.name:28s} L1-resident: {g:7.1f} GFLOP/s  {100 * g / peak1:5.1f}% of peak{mark}")
-        out["tiles"].append({"kernel": kern.name, "gflops": g, "pct_peak": 100 * g / peak1, "default": bool(mark)})
+        out["tiles"].append({"kernel": kern.name, "gflops": g, "pct_peak": 100 * g / peak1, "matmul": bool(mark)})
     for threads in thread_counts:
         set_threads(threads)
         peak = peak1 * threads
         log(f"  matmul, {threads} thread(s) (peak {peak:.0f} GFLOP/s = {threads} x 1-thread peak):")
-        log(f"    {'M x N x K':>18s} {'ours GF/s':>10s} {'%peak':>6s} {'numpy GF/s':>11s} {'ours/numpy':>10s}"
-            f" {'op(a,b)/numpy':>13s}")
+        log(f"    {'M x N x K':>18s} {'tile':>6s} {'A':>8s} {'ours GF/s':>10s} {'%peak':>6s} {'numpy GF/s':>11s}"
+            f" {'ours/numpy':>10s} {'op(a,b)/numpy':>13s}")
         for M, N, K in sizes:
             op = schedules.matmul(M, N, K, target=f"x86-{isa.name}", threads=threads)
             rng = np.random.default_rng(0)
@@ -117,9 +131,18 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log) -> dict:
                 ours = min(ours, statistics.median(op.time(a, b, number=number, repeat=repeat)))
                 user = min(user, seconds_per_call(lambda: op(a, b), number, repeat, cold=False))  # noqa: B023
             g, gn = op.flops / ours / 1e9, op.flops / ref / 1e9
-            log(f"    {f'{M}x{N}x{K}':>18s} {g:10.1f} {100 * g / peak:6.1f} {gn:11.1f} {ref / ours:10.2f}x"
-                f" {ref / user:12.2f}x")
-            out["matmul"].append({"M": M, "N": N, "K": K, "threads": threads, "gflops": g,
-                                  "pct_peak": 100 * g / peak, "numpy_gflops": gn, "speedup_vs_numpy": ref / ours,
-                                  "user_call_speedup_vs_numpy": ref / user})
+            p = op.plan
+            tile, a_how = f"{p.kernel.mr}x{p.kernel.nr}", "packed" if p.pack_a else "in place"
+            log(f"    {f'{M}x{N}x{K}':>18s} {tile:>6s} {a_how:>8s} {g:10.1f} {100 * g / peak:6.1f} {gn:11.1f}"
+                f" {ref / ours:10.2f}x {ref / user:12.2f}x")
+            row = {"M": M, "N": N, "K": K, "threads": threads, "tile": tile, "pack_a": p.pack_a, "gflops": g,
+                   "pct_peak": 100 * g / peak, "numpy_gflops": gn, "speedup_vs_numpy": ref / ours,
+                   "user_call_speedup_vs_numpy": ref / user}
+            if breakdown:
+                phases = phase_seconds(op, repeat)
+                phases["rest"] = ours - sum(phases.values())
+                log("      breakdown: " + ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.3f} ms ({100 * v / ours:.1f}%)"
+                                                   for k, v in phases.items()))
+                row["breakdown_seconds"] = phases
+            out["matmul"].append(row)
     return out

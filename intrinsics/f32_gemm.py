@@ -2,6 +2,9 @@
 
 Description (accumulate): C[i, j] = C[i, j] + A[i, kk] * B[kk, j] for i < MR, j < NR, kk < K,
 float32, every operand with a free row stride and unit column stride.
+A and C are declared 4-byte aligned (TVM's default is 64): schedules.matmul reads the caller's
+A and writes the caller's C in place, wherever numpy put them; the kernel's loads and stores
+assume no more.
 The beta=0 variant describes the same reduction with an init block (C[i, j] = 0 first).
 """
 
@@ -27,9 +30,9 @@ def _descriptions(mr: int, nr: int, kk: int, accumulate: bool):
 
         @T.prim_func(s_tir=True)
         def desc(a: T.handle, b: T.handle, c: T.handle):
-            A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1])
+            A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
             B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
-            C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
+            C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
             with T.sblock("root"):
                 T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kk, 0:nr])
                 T.writes(C[0:mr, 0:nr])
@@ -42,9 +45,9 @@ def _descriptions(mr: int, nr: int, kk: int, accumulate: bool):
 
         @T.prim_func(s_tir=True)
         def desc(a: T.handle, b: T.handle, c: T.handle):
-            A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1])
+            A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
             B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
-            C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
+            C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
             with T.sblock("root"):
                 T.reads(A[0:mr, 0:kk], B[0:kk, 0:nr])
                 T.writes(C[0:mr, 0:nr])
@@ -71,9 +74,9 @@ def _implementation(kern: GemmKernel, kk: int):
         sa = T.int32()
         sb = T.int32()
         sc = T.int32()
-        A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[sa, 1], align=4)
         B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[sb, 1])
-        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[sc, 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[sc, 1], align=4)
         with T.sblock("root"):
             if reads_c:
                 T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kk, 0:nr])

@@ -4,7 +4,8 @@ This layer knows ISAs, registers and instructions, and nothing of TVM scheduling
 """
 
 from .f32_fma_peak import FmaPeakKernel
-from .f32_gemm import DEFAULT_TILES, NO_EPILOGUE, Epilogue, GemmKernel, TileError, check_tile, default_kernel, max_tiles
+from .f32_gemm import (DEFAULT_TILES, MATMUL_TILES, NO_EPILOGUE, Epilogue, GemmKernel, TileError, check_tile,
+                       default_kernel, matmul_kernels, max_tiles)
 from .isa import AARCH64, AARCH64_DOT, ARM_ISAS, AVX2, AVX512, ISAS, NEON, Isa, best_host_isa, host_cpu_flags
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "AVX2",
     "AVX512",
     "DEFAULT_TILES",
+    "MATMUL_TILES",
     "Epilogue",
     "NO_EPILOGUE",
     "FmaPeakKernel",
@@ -25,6 +27,7 @@ __all__ = [
     "best_host_isa",
     "check_tile",
     "default_kernel",
+    "matmul_kernels",
     "host_cpu_flags",
     "max_tiles",
 ]

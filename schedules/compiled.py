@@ -33,6 +33,27 @@ def user_operand(arr):
     return tvm_ffi.from_dlpack(arr, require_alignment=0)
 
 
+def declare_user_aligned(func, names):
+    """`func` (a PrimFunc) with the named parameters declared 4-byte aligned instead of TVM's
+    default 64, so its code assumes no more and any C-contiguous float32 numpy array goes in
+    without a copy (user_operand). TE has no alignment argument, so the parameters are
+    re-declared in the function's TVMScript signature and the script parsed back."""
+    import re
+
+    from tvm.script import parser
+    from tvm.script import tirx as T
+
+    text = func.script()
+    sig = next(line for line in text.splitlines() if line.startswith("def main("))
+    new = sig
+    for name in names:
+        new, hits = re.subn(rf'\b{name}: T\.Buffer\((\([^)]*\)), "float32"\)',
+                            rf'{name}: T.Buffer(\1, "float32", align=4)', new)
+        if hits != 1:
+            raise RuntimeError(f"parameter {name} not found in the signature {sig!r}")
+    return parser.parse(text.replace(sig, new), extra_vars={"T": T})
+
+
 def check_operand(name: str, arr, shape: tuple, dtype: str):
     """check_array for a call's operands, which may also be TVM tensors (kept on TVM's side)."""
     if isinstance(arr, tvm.runtime.Tensor):
@@ -46,6 +67,8 @@ def check_operand(name: str, arr, shape: tuple, dtype: str):
 class CompiledOp:
     """emulate=True: calls run on the Bochs CPU (schedules.bochs), single-threaded, whatever
     the host; for AVX-512 numerics on hosts without it. Such an op cannot be timed."""
+
+    user_aligned = False  # True: the module declares its inputs and output 4-byte aligned
 
     def __init__(self, isa: Isa, lib, threads: int | None, emulate: bool = False):
         self.isa, self.lib, self.threads, self.emulate = isa, lib, threads, emulate
@@ -75,7 +98,8 @@ class CompiledOp:
     def _tensors(self, inputs, out_shape, out=None) -> list:
         """TVM tensors for checked inputs (numpy arrays or TVM tensors) plus the output (`out`,
         or a new aligned array); sizes the thread pool. Numpy memory is handed over without a
-        copy where it is 64-byte aligned (operand). (Emulated: numpy arrays, NaN-filled output.)"""
+        copy where it is 64-byte aligned (operand), or always when the module declares its
+        operands 4-byte aligned (declare_user_aligned). (Emulated: numpy arrays, NaN-filled output.)"""
         if self.emulate:
             host = [a.numpy() if isinstance(a, tvm.runtime.Tensor) else np.ascontiguousarray(a) for a in inputs]
             if out is not None:
@@ -84,10 +108,11 @@ class CompiledOp:
         self._prepare()
         if out is None:
             out = aligned_empty(out_shape)
-        elif not isinstance(out, tvm.runtime.Tensor) and not is_aligned(out):
+        elif not (self.user_aligned or isinstance(out, tvm.runtime.Tensor) or is_aligned(out)):
             raise ValueError("out must be 64-byte aligned to be written in place (TVM's code assumes it); "
                              "allocate it with schedules.aligned_empty(shape)")
-        return [operand(a) for a in inputs] + [operand(out), out]
+        wrap = user_operand if self.user_aligned else operand
+        return [wrap(a) for a in inputs] + [wrap(out), out]
 
     def _run(self, args):
         """The output: a numpy array (a TVM tensor if one was passed as out=)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import tvm_ffi
@@ -129,3 +130,30 @@ def set_threads(threads: int | None) -> None:
     # Mode 1 spreads the pool over the big cores; on a homogeneous CPU that is all of them.
     tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
     _POOL_SIZE = n
+
+
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def host_caches() -> list[tuple[int, str, str]]:
+    """(level, type, size) of each cache of cpu0, as sysfs gives them ("48K"); [] where unknown."""
+    out = []
+    for d in sorted(CACHE_DIR.glob("index*")):
+        try:
+            out.append((int((d / "level").read_text()), (d / "type").read_text().strip(),
+                        (d / "size").read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def host_cache_bytes(level: int, default: int) -> int:
+    """Size in bytes of cpu0's data (or unified) cache at `level`; `default` where sysfs does not say."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for lvl, kind, size in host_caches():
+        if lvl == level and kind != "Instruction":
+            try:
+                return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+            except ValueError:
+                break
+    return default

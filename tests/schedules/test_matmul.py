@@ -1,5 +1,7 @@
 """schedules.matmul: numerics over awkward shapes, its hot loop, threads, and refused inputs."""
 
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -7,12 +9,17 @@ from hypothesis import strategies as st
 
 import microkernels.isa
 import schedules
+import tvm
 from microkernels import ISAS, TileError, asm, best_host_isa
-from schedules import UnsupportedHostError
+from schedules import Blocking, UnsupportedHostError
+from schedules.matmul import plan
 
 from ..conftest import assert_close_f32
 
 HOST = f"x86-{best_host_isa().name}"
+matmul_module = importlib.import_module("schedules.matmul")  # schedules.matmul is the function
+# Every x86 preset this host runs (AVX-512 paths on an AVX2-only host: see test_x86_targets).
+HOST_PRESETS = [p for p in ("x86-avx512", "x86-avx2") if ISAS[p[4:]].host_supports()]
 # 1, primes, tile and block edges, and sizes that straddle the kc / MC / NC blocks.
 DIMS = st.one_of(st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17, 31, 97, 256, 257, 263]), st.integers(1, 300))
 
@@ -26,6 +33,68 @@ def test_matmul_matches_numpy(M, N, K, threads, seed):
     c = op(a, b)
     assert c.shape == (M, N) and c.dtype == np.float32
     assert_close_f32(c, a, b)
+
+
+# Each (pack_a, crop) path, and K in several slices with A read in place or packed.
+PATHS = [
+    ((64, 64, 40, None), False, False),  # A in place, the tiles write C itself
+    ((56, 50, 40, None), False, True),  # N ragged: scratch tiles cropped into C
+    ((61, 64, 40, None), True, True),  # no candidate MR divides 61: A packed, M ragged
+    ((64, 64, 100, 32), False, False),  # 4 slices of 25
+    ((64, 64, 101, 32), True, False),  # 4 slices of 26 overhang K: A packed
+]
+
+
+@pytest.mark.parametrize("preset", HOST_PRESETS)
+@pytest.mark.parametrize("shape, pack_a, crop", PATHS)
+def test_every_path_matches_numpy_on_unaligned_arrays(preset, shape, pack_a, crop, rng):
+    M, N, K, kc_max = shape
+    op = schedules.matmul(M, N, K, target=preset, blocking=Blocking(kc_max))
+    assert (op.plan.pack_a, op.plan.crop) == (pack_a, crop)
+    assert ("C_tiles" in op.lib.mod.inspect_source("ll")) == crop  # the scratch tiles exist only then
+    a = np.empty(M * K + 1, np.float32)[1:].reshape(M, K)  # 4 bytes past numpy's alignment
+    a[...] = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    out = np.empty(M * N + 1, np.float32)[1:].reshape(M, N)  # the tiles store to it unaligned
+    assert op(a, b, out=out) is out
+    assert_close_f32(out, a, b)
+
+
+@pytest.mark.parametrize("M, mr, pack_a", [(56, 8, False), (49, 7, False), (30, 6, False), (25, 5, False),
+                                            (3, 3, False), (2, 2, False), (61, 8, True), (1, 8, True)])
+def test_plan_picks_a_tile_height_that_divides_m(M, mr, pack_a):
+    p = plan(M, 100, 64, ISAS["avx512"])
+    assert (p.kernel.mr, p.kernel.nr, p.pack_a) == (mr, 32, pack_a)
+
+
+def test_plan_slices_k_to_keep_a_b_panel_in_half_of_l2(monkeypatch):
+    monkeypatch.setattr(matmul_module, "host_cache_bytes", lambda level, default: 1 << 20)
+    assert Blocking().kc_limit(32) == 4096  # 4096 x 32 floats = 512 KiB
+    p = plan(64, 64, 5000, ISAS["avx512"])
+    assert (p.nk, p.kc, p.pack_a) == (2, 2500, False)
+    monkeypatch.setattr(matmul_module, "host_cache_bytes", lambda level, default: default)
+    assert Blocking().kc_limit(32) == 2048  # sysfs silent: a 512 KiB L2
+
+
+@pytest.mark.parametrize("shape", [(61, 50, 37), (64, 64, 40)])
+def test_phases_compute_what_the_op_does(shape, rng):
+    """bench gemm --breakdown times these modules: run in turn, they give the op's C exactly."""
+    M, N, K = shape
+    op = schedules.matmul(M, N, K, target=HOST, threads=1)
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    phases = op.phases()
+    assert set(phases) == ({"pack_a"} if op.plan.pack_a else set()) | {"pack_b", "kernel"}
+
+    def run(part, *inputs):
+        lib, shapes = phases[part]
+        args = [tvm.runtime.tensor(x) for x in inputs] + [tvm.runtime.tensor(np.full(shapes[-1], np.nan, np.float32))]
+        lib["main"](*args)
+        return args[-1].numpy()
+
+    a_in = run("pack_a", a) if op.plan.pack_a else a
+    c = run("kernel", a_in, run("pack_b", b))
+    np.testing.assert_array_equal(c[:M, :N], op(a, b))
 
 
 def test_large_blocked_matmul(rng):

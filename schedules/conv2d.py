@@ -132,22 +132,22 @@ class Geometry:
     def ob(self) -> int:  # output blocks per group
         return _ceil_div(self.og, self.block)
 
-    @property
+    @functools.cached_property  # every call checks its arrays against these
     def out_hw(self) -> tuple[int, int]:
         (sh, sw), (dh, dw) = self.stride, self.dilation
         t, l, b, r = self.pad
         return ((self.h + t + b - (self.kh - 1) * dh - 1) // sh + 1,
                 (self.w + l + r - (self.kw - 1) * dw - 1) // sw + 1)
 
-    @property
+    @functools.cached_property  # every call checks its arrays against these
     def data_shape(self) -> tuple:
         return (self.n, self.groups * self.nb, self.h, self.w, self.bi)
 
-    @property
+    @functools.cached_property  # every call checks its arrays against these
     def weight_shape(self) -> tuple:
         return (self.groups * self.ob, self.nb, self.kh, self.kw, self.bi, self.block)
 
-    @property
+    @functools.cached_property  # every call checks its arrays against these
     def out_shape(self) -> tuple:
         return (self.n, self.groups * self.ob, *self.out_hw, self.block)
 
@@ -159,7 +159,7 @@ class Geometry:
         """Input columns (padding included) that `out_cols` consecutive output pixels read."""
         return (out_cols - 1) * self.stride[1] + (self.kw - 1) * self.dilation[1] + 1
 
-    @property
+    @functools.cached_property  # every call checks its arrays against these
     def bias_shape(self) -> tuple:  # per output block: NCHWc's channel order
         return (self.groups * self.ob, self.block)
 

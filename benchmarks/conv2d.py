@@ -215,7 +215,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
             peak = peak1 * threads
             log(f"conv2d, {threads} thread(s), {mode} cache, path {path} (peak {peak:.0f} GFLOP/s):")
             log(f"  {'#':>2s} {'layer':34s} {'n':>2s} {'algo':>6s} {'ours ms':>8s} {'GF/s':>6s} {'%peak':>5s}"
-                f" {'torch ms':>8s} {'ours/torch':>10s} {'/direct':>8s}  plan")
+                f" {'torch ms':>8s} {'ours/torch':>10s} {'/direct':>8s}" + (" /kernel" if path != "kernel" else "")
+                + "  plan")
             tot_ours = {a: 0.0 for a in algorithms}
             tot_torch = 0.0
             by_kind: dict[str, list[float]] = {}  # kind -> [ours (first algorithm), torch], weighted
@@ -226,7 +227,7 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 number = calls_per_repeat(by_algo["direct"].flops, peak, cold)
                 # PyTorch and ours take turns, ROUNDS times, and each keeps its best median: a
                 # drift of the shared machine's speed then hits both sides alike.
-                ref, best = None, {}
+                ref, best, kernel = None, {}, None
                 for _ in range(ROUNDS):
                     if tv:
                         settle(threads, 0.1)
@@ -237,6 +238,10 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                             settle(threads, 0.1)
                             t = ours_seconds(op, path, x, w, threads, number, repeat, cold)
                             best[algo] = min(best.get(algo, t), t)
+                    if path != "kernel":  # the same op's module alone, in the same turns
+                        settle(threads, 0.1)
+                        t = ours_seconds(by_algo["direct"], "kernel", x, w, threads, number, repeat, cold)
+                        kernel = t if kernel is None else min(kernel, t)
                 if ref is not None:
                     tot_torch += ref * layer.count
                 for algo, op in by_algo.items():
@@ -259,13 +264,17 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                             f"{'bands' if p['band_parallel'] else 'blocks'} of {p['band_rows']} rows")
                     tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}" if ref is not None else f" {'-':>8s} {'-':>10s}"
                     rel = f"{ours / base:8.2f}"
+                    # The path's time over the module's alone (direct rows of a non-kernel path).
+                    vs_kernel = ours / kernel if kernel is not None and algo == "direct" else None
+                    if path != "kernel":
+                        rel += f" {vs_kernel:7.2f}" if vs_kernel is not None else f" {'-':>7s}"
                     log(f"  {layer.row:2d} {layer.label:34s} {layer.count:2d} {algo:>6s} {ours * 1e3:8.3f} {gf:6.1f}"
                         f" {100 * gf / peak:5.1f}{tail} {rel}  {plan}")
                     rows.append({"layer": layer.row, "shape": layer.label, "count": layer.count, "algorithm": algo,
                                  "ours_ms": ours * 1e3, "gflops": gf, "pct_peak": 100 * gf / peak,
                                  "torch_ms": ref * 1e3 if ref is not None else None,
                                  "ratio_vs_torch": ours / ref if ref is not None else None,
-                                 "ratio_vs_direct": ours / base, "plan": p,
+                                 "ratio_vs_direct": ours / base, "ratio_vs_kernel": vs_kernel, "plan": p,
                                  "loop_pct_bound": loop_pct.get(layer.row) if p["algorithm"] == "depthwise" else None})
                 for algo, op in by_algo.items():  # a layer Winograd skips costs direct's time
                     if op is None:

@@ -36,7 +36,8 @@ from microkernels.f32_gemm import ACTIVATIONS, registers_needed
 from . import layouts
 from .compiled import CompiledOp, check_operand, user_operand
 from .conv2d_int8 import conv2d_int8, conv_kernel
-from .targets import check_array, check_elements, check_emulate, dtype_name, positive_int, resolve, thread_count
+from .targets import (check_array, check_elements, check_emulate, dtype_name, host_cache_bytes, positive_int,
+                      resolve, thread_count)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -81,17 +82,22 @@ def _shape(name: str, s, rank: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ConvBlocking:
-    """Cache budgets in bytes (defaults fit a 32 KiB L1 / 512 KiB L2 core)."""
+    """Cache budgets in bytes. l2_bytes None: the host's L2 as sysfs gives it (512 KiB where it
+    does not say); the golden assembly pins 512 KiB so it does not depend on the host."""
 
-    l2_bytes: int = 512 * 1024
+    l2_bytes: int | None = None
+
+    @property
+    def l2(self) -> int:
+        return self.l2_bytes if self.l2_bytes is not None else host_cache_bytes(2, 512 * 1024)
 
     @property
     def image_budget(self) -> int:  # a layer's input this small is packed whole, once
-        return self.l2_bytes // 2
+        return self.l2 // 2
 
     @property
     def band_budget(self) -> int:  # otherwise a band's input must fit here
-        return self.l2_bytes // 4
+        return self.l2 // 4
 
 
 @dataclass(frozen=True)
@@ -267,6 +273,12 @@ def _bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool
     balanced = [d for d in divisors if (g.n * oh // d) % threads == 0]
     if balanced and g.n * oh // max(balanced) >= 2 * threads:
         vh = max(balanced)
+    elif threads > 1 and (g.n * oh // vh) % threads and g.groups * g.ob >= 4 * threads:
+        # Bands that do not split evenly leave a thread idle at the end (7 one-row bands on
+        # 2 threads: 4 and 3); the threads split each band's output blocks instead. Measured
+        # on 1024x14x14->2048 1x1 s2, 2 threads: 12% faster. Where bands do split evenly,
+        # splitting them was 2-8% faster (one parallel region instead of one per band).
+        return vh, False
     return vh, True
 
 

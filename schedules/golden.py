@@ -13,7 +13,7 @@ from pathlib import Path
 
 from microkernels import ARM_ISAS, ISAS, asm
 
-from .conv2d import Conv2dOp, conv2d
+from .conv2d import Conv2dOp, ConvBlocking, conv2d
 from .targets import PRESETS
 
 DUMP_DIR = Path(__file__).resolve().parent.parent / "asm_dumps" / "conv2d"
@@ -37,12 +37,17 @@ def cases() -> list[tuple[str, str]]:
     return [(layer, isa) for isa in (*ISAS, *ARM_CONV_ISAS) for layer in LAYERS]
 
 
+# The cache budget the dumps were made with: the default follows the host's L2.
+BLOCKING = ConvBlocking(l2_bytes=512 * 1024)
+
+
 def compile_case(layer: str, isa: str):
     data, weight, stride, padding = LAYERS[layer]
     if isa in ARM_ISAS:
         return conv2d(data, weight, stride=stride, padding=padding, dtype="int8", target=PRESET_OF[isa],
-                      input_zero_point=3, weight_zero_point=-2)
-    return conv2d(data, weight, stride=stride, padding=padding, target=f"x86-{isa}", threads=1, algorithm="direct")
+                      input_zero_point=3, weight_zero_point=-2, blocking=BLOCKING)
+    return conv2d(data, weight, stride=stride, padding=padding, target=f"x86-{isa}", threads=1, algorithm="direct",
+                  blocking=BLOCKING)
 
 
 def hot_loops(isa: str, op) -> list:

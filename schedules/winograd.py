@@ -90,7 +90,7 @@ def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[in
     v_bytes = lambda vt: alpha * alpha * vt * tw * cp * 4  # noqa: E731
     divisors = [d for d in range(1, th + 1) if th % d == 0]
     vt = max([d for d in divisors if v_bytes(d) <= blocking.image_budget] or [1])
-    if v_bytes(th) <= blocking.l2_bytes and th // vt > 1:
+    if v_bytes(th) <= blocking.l2 and th // vt > 1:
         vt = th
     bands = g.n * (th // vt)
     if threads == 1:

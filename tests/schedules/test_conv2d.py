@@ -1,6 +1,8 @@
 """schedules.conv2d with algorithm="direct": numerics over awkward layers, its plan, the blocked fast path,
 refused inputs. (The default, "auto", runs Winograd on some 3x3 layers: test_winograd.py covers it.)"""
 
+import importlib
+
 import numpy as np
 import tvm
 import pytest
@@ -10,9 +12,11 @@ from hypothesis import strategies as st
 import schedules
 from microkernels import DEFAULT_TILES, best_host_isa
 from schedules import layouts
-from schedules.conv2d import _segments, geometry  # `schedules.conv2d` itself is the function, not the module
+from schedules.conv2d import ConvBlocking, _segments, geometry  # `schedules.conv2d` itself is the function
 
 from .. import conv_reference
+
+conv2d_module = importlib.import_module("schedules.conv2d")
 
 HOST = f"x86-{best_host_isa().name}"
 MR, NR = DEFAULT_TILES[best_host_isa().name]
@@ -150,8 +154,44 @@ def test_output_width_one_past_the_tile(rng, tiles):
     assert all(mr >= 2 for _, _, mr in op.plan["segments"]), op.plan["segments"]
 
 
+@pytest.fixture
+def l2_512k(monkeypatch):
+    """The host's L2 as 512 KiB, whatever it is, for the tests that cross its budgets."""
+    monkeypatch.setattr(conv2d_module, "host_cache_bytes", lambda level, default: 512 * 1024)
+
+
+def test_blocking_follows_the_hosts_l2(monkeypatch):
+    """ConvBlocking() sizes its budgets from sysfs (512 KiB where it is silent); a 400 KiB input
+    is packed whole under a 1 MiB L2 and cut into bands under a 512 KiB one."""
+    g = geometry((1, 64, 40, 40), (64, 64, 3, 3), padding=1)
+    for l2, whole in ((1 << 20, True), (512 * 1024, False)):
+        monkeypatch.setattr(conv2d_module, "host_cache_bytes", lambda level, default, l2=l2: l2)
+        assert ConvBlocking().image_budget == l2 // 2
+        vh, band_parallel = conv2d_module._bands(g, ConvBlocking(), 1)
+        assert (vh == 40 and not band_parallel) == whole
+    monkeypatch.setattr(conv2d_module, "host_cache_bytes", lambda level, default: default)
+    assert ConvBlocking().l2 == 512 * 1024
+
+
+def test_bands_that_do_not_split_evenly_split_output_blocks(rng):
+    """7 one-row bands on 2 threads would run 4 and 3; the threads split each band's output
+    blocks instead. Where they split evenly (1 thread, or 14 rows), the threads split bands."""
+    shapes = (1, 256, 14, 14), (128, 256, 1, 1)
+    small = ConvBlocking(l2_bytes=64 * 1024)  # bands of one output row (13 KiB of input each)
+    g = geometry(*shapes, stride=2)
+    assert conv2d_module._bands(g, small, 2) == (1, False)
+    assert conv2d_module._bands(g, small, 1) == (1, True)
+    assert conv2d_module._bands(geometry(*shapes), small, 2)[1] is True
+    x, w = _inputs(rng, *shapes)
+    two = schedules.conv2d(*shapes, stride=2, target=HOST, threads=2, algorithm="direct", blocking=small)
+    assert (two.plan["band_rows"], two.plan["band_parallel"]) == (1, False)
+    np.testing.assert_array_equal(two(x, w), schedules.conv2d(*shapes, stride=2, target=HOST, threads=1,
+                                                               algorithm="direct", blocking=small)(x, w))
+    assert_conv_close(two(x, w), x, w, stride=2)
+
+
 @pytest.mark.parametrize("n, padding, threads", [(1, 1, 1), (1, 0, None), (2, 1, 2)])
-def test_band_mode(rng, n, padding, threads):
+def test_band_mode(rng, l2_512k, n, padding, threads):
     """An input over half of L2 blocked (64 ch x 40 x 40 x 4 B = 400 KiB) is cut into row bands."""
     hw = 40 if padding else 42
     op, *_ = run_and_check(rng, (n, 64, hw, hw), (64, 64, 3, 3), padding=padding, threads=threads)
@@ -173,7 +213,7 @@ def test_depthwise(rng, stride):
     ((1, 32, 12, 12), (64, 32, 3, 3), 1),   # output blocks split between threads
     ((1, 64, 40, 40), (64, 64, 3, 3), 1),   # bands split between threads
 ])
-def test_threads_give_identical_results(rng, data_shape, weight_shape, padding):
+def test_threads_give_identical_results(rng, l2_512k, data_shape, weight_shape, padding):
     x, w = _inputs(rng, data_shape, weight_shape)
     one = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=1, algorithm="direct")(x, w)
     two = schedules.conv2d(data_shape, weight_shape, padding=padding, target=HOST, threads=2, algorithm="direct")(x, w)

@@ -165,16 +165,18 @@ def max_tiles(isa: Isa) -> list[tuple[int, int]]:
 # NR = 16 is the NCHW16c block of the convolutions; llvm-mca puts it at 96% of the FMA ports.
 DEFAULT_TILES = {"avx2": (6, 16), "avx512": (28, 16)}
 
-# The plain matmul's tiles (schedules.matmul): per ISA, the tile width NR and the heights MR
-# to try, best first. On the Zen 5 host, MR x 32 tiles ran 91-98% of the FMA peak in whole
-# matmuls with A read in place, against 75% for 28 x 16, whose 28 rows of A are 28 load
-# streams; several heights let more M be divided exactly (no packed A).
-MATMUL_TILES = {"avx512": ((8, 7, 6, 5), 32), "avx2": ((6, 5, 4), 16)}
+# The plain matmul's tiles (schedules.matmul) per ISA: (MR, NR, the share of the FMA peak the
+# tile reached L1-resident on the Zen 5 host, best of three). schedules.matmul.plan weighs
+# them per shape: padding to whole tiles, and packing A where MR does not divide M. Several
+# heights let more M be divided exactly; below 12 accumulators a tile loses (AVX2 4x16: 86%).
+MATMUL_TILES = {
+    "avx512": ((8, 32, 1.00), (7, 32, 1.00), (6, 32, 1.00), (5, 32, 0.97), (4, 48, 0.99)),
+    "avx2": ((6, 16, 0.99), (4, 24, 0.99), (5, 16, 0.96), (3, 24, 0.92)),
+}
 
 
 def matmul_kernels(isa_name: str) -> list[GemmKernel]:
-    mrs, nr = MATMUL_TILES[isa_name]
-    return [GemmKernel(ISAS[isa_name], mr, nr) for mr in mrs]
+    return [GemmKernel(ISAS[isa_name], mr, nr) for mr, nr, _ in MATMUL_TILES[isa_name]]
 
 
 def default_kernel(isa_name: str, accumulate: bool = True, batch_reduce: bool = False) -> GemmKernel:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import microkernels.isa
 import schedules
 import tvm
-from microkernels import ISAS, TileError, asm, best_host_isa
+from microkernels import ISAS, MATMUL_TILES, GemmKernel, TileError, asm, best_host_isa
 from schedules import Blocking, UnsupportedHostError
 from schedules.matmul import plan
 
@@ -35,13 +35,14 @@ def test_matmul_matches_numpy(M, N, K, threads, seed):
     assert_close_f32(c, a, b)
 
 
-# Each (pack_a, crop) path, and K in several slices with A read in place or packed.
+# Each (pack_a, crop) path, and K in several slices with A read in place or packed, on the
+# first matmul tile of each ISA (8x32, 6x16: 48 rows and 64 columns are whole tiles of both).
 PATHS = [
-    ((64, 64, 40, None), False, False),  # A in place, the tiles write C itself
-    ((56, 50, 40, None), False, True),  # N ragged: scratch tiles cropped into C
-    ((61, 64, 40, None), True, True),  # no candidate MR divides 61: A packed, M ragged
-    ((64, 64, 100, 32), False, False),  # 4 slices of 25
-    ((64, 64, 101, 32), True, False),  # 4 slices of 26 overhang K: A packed
+    ((48, 64, 40, None), False, False),  # A in place, the tiles write C itself
+    ((48, 50, 40, None), False, True),  # N ragged: scratch tiles cropped into C
+    ((61, 64, 40, None), True, True),  # MR does not divide 61: A packed, M ragged
+    ((48, 64, 100, 32), False, False),  # 4 slices of 25
+    ((48, 64, 101, 32), True, False),  # 4 slices of 26 overhang K: A packed
 ]
 
 
@@ -49,7 +50,9 @@ PATHS = [
 @pytest.mark.parametrize("shape, pack_a, crop", PATHS)
 def test_every_path_matches_numpy_on_unaligned_arrays(preset, shape, pack_a, crop, rng):
     M, N, K, kc_max = shape
-    op = schedules.matmul(M, N, K, target=preset, blocking=Blocking(kc_max))
+    isa = ISAS[preset[4:]]
+    mr, nr, _ = MATMUL_TILES[isa.name][0]
+    op = schedules.matmul(M, N, K, target=preset, blocking=Blocking(kc_max), kernel=GemmKernel(isa, mr, nr))
     assert (op.plan.pack_a, op.plan.crop) == (pack_a, crop)
     assert ("C_tiles" in op.lib.mod.inspect_source("ll")) == crop  # the scratch tiles exist only then
     a = np.empty(M * K + 1, np.float32)[1:].reshape(M, K)  # 4 bytes past numpy's alignment
@@ -60,11 +63,21 @@ def test_every_path_matches_numpy_on_unaligned_arrays(preset, shape, pack_a, cro
     assert_close_f32(out, a, b)
 
 
-@pytest.mark.parametrize("M, mr, pack_a", [(56, 8, False), (49, 7, False), (30, 6, False), (25, 5, False),
-                                            (3, 3, False), (2, 2, False), (61, 8, True), (1, 8, True)])
-def test_plan_picks_a_tile_height_that_divides_m(M, mr, pack_a):
-    p = plan(M, 100, 64, ISAS["avx512"])
-    assert (p.kernel.mr, p.kernel.nr, p.pack_a) == (mr, 32, pack_a)
+@pytest.mark.parametrize("isa, M, N, K, tile, pack_a", [
+    ("avx512", 56, 100, 64, (8, 32), False),
+    ("avx512", 49, 100, 64, (7, 32), False),
+    ("avx512", 30, 100, 64, (6, 32), False),
+    ("avx512", 25, 100, 64, (5, 32), False),
+    ("avx512", 3, 100, 64, (3, 32), False),  # a few rows: one tile of exactly M
+    ("avx512", 61, 100, 64, (7, 32), True),  # no MR divides 61: the least padding
+    ("avx512", 1000, 1000, 1000, (4, 48), False),  # 1008 columns of 48 pad less than 1024 of 32
+    ("avx2", 1024, 1024, 1024, (4, 24), False),
+    ("avx2", 3136, 64, 576, (4, 24), False),  # N = 64: packing A would cost 17% of the multiply
+    ("avx2", 784, 128, 1152, (6, 16), True),  # a wider N repays it
+])
+def test_plan_weighs_padding_against_packing_a(isa, M, N, K, tile, pack_a):
+    p = plan(M, N, K, ISAS[isa])
+    assert ((p.kernel.mr, p.kernel.nr), p.pack_a) == (tile, pack_a)
 
 
 def test_plan_slices_k_to_keep_a_b_panel_in_half_of_l2(monkeypatch):

@@ -167,8 +167,8 @@ DEFAULT_TILES = {"avx2": (6, 16), "avx512": (28, 16)}
 
 # The plain matmul's tiles (schedules.matmul) per ISA: (MR, NR, the share of the FMA peak the
 # tile reached L1-resident on the Zen 5 host, best of three). schedules.matmul.plan weighs
-# them per shape: padding to whole tiles, and packing A where MR does not divide M. Several
-# heights let more M be divided exactly; below 12 accumulators a tile loses (AVX2 4x16: 86%).
+# them per shape: padding N to whole tiles, and for the rows MR does not divide, a packed A
+# or a second op. Below 12 accumulators a tile loses (AVX2 4x16: 86%).
 MATMUL_TILES = {
     "avx512": ((8, 32, 1.00), (7, 32, 1.00), (6, 32, 1.00), (5, 32, 0.97), (4, 48, 0.99)),
     "avx2": ((6, 16, 0.99), (4, 24, 0.99), (5, 16, 0.96), (3, 24, 0.92)),

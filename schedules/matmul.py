@@ -10,24 +10,29 @@ C or a second pass over it.
 
 B is packed once into NR-wide panels, contiguous and zero-padded, so a tile streams one
 K x NR panel, which stays in L2 while the row tiles below it reuse it. A is read in place
-(its row stride is K) when MR divides M and kc divides K, and the tile is chosen so that MR
-divides M where one of the ISA's candidates does. Otherwise A is packed into zero-padded
-MR x kc panels first. Not packing A matters most for the shapes a convolution lowers to:
-with few column panels, each element of A is used once or twice, and a pack would read and
-write all of A to save nothing.
+(its row stride is K). Where MR does not divide M, the op is two modules: one over the rows
+MR divides, reading A and writing C in place, and a small op over the last rows (2 to MR + 1
+of them, planned the same way). Only an op too short for that (M = 1, or MR + 1 rows that
+split no further) or whose K slices overhang K packs A into zero-padded MR x kc panels.
+Not packing A matters most for the shapes a convolution lowers to: with few column panels,
+each element of A is used once or twice, and a pack would read and write all of A to save
+nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 from tvm import s_tir, te
 
 import intrinsics
 from microkernels import MATMUL_TILES, GemmKernel, Isa
+from microkernels.f32_gemm import registers_needed
 
 from .compiled import CompiledOp, check_operand, declare_user_aligned
+from .layouts import aligned_empty
 from .targets import check_elements, check_emulate, host_cache_bytes, positive_int, resolve, thread_count
 
 
@@ -74,37 +79,58 @@ class Plan:
         return self.M % self.kernel.mr != 0 or self.N % self.kernel.nr != 0
 
 
-# What packing one element of A costs, in FLOPs the FMA units could have run meanwhile: the
-# pack moves 8 bytes per element at about 55 GB/s on the Zen 5 host, 0.15 ns, which is 20
-# FLOPs at AVX2's peak and 40 at AVX-512's (2.5 per lane).
+# What packing one element costs, in FLOPs the FMA units could have run meanwhile: a pack
+# moves 8 bytes per element at about 55 GB/s on the Zen 5 host, 0.15 ns, which is 20 FLOPs at
+# AVX2's peak and 40 at AVX-512's (2.5 per lane).
 PACK_FLOPS_PER_LANE = 2.5
+# A tail op's rows run on a short tile, at about half the main tile's rate (2x16 on AVX2: 4
+# accumulators); it also packs B again.
+TAIL_SLOWDOWN = 2.0
 
 
-def _cost(M: int, N: int, K: int, isa: Isa, tile: tuple) -> float:
-    """Estimated time of one MATMUL_TILES entry (MR, NR, share of peak), in FLOPs at peak: the
-    multiply padded to whole tiles at the tile's share of peak, plus packing A where MR does
-    not divide M."""
-    mr, nr, efficiency = tile
-    padded = 2 * _ceil_div(M, mr) * mr * _ceil_div(N, nr) * nr * K
-    return padded / efficiency + (PACK_FLOPS_PER_LANE * isa.lanes * M * K if M % mr else 0)
+def _options(M: int, N: int, K: int, isa: Isa):
+    """(estimated time in FLOPs at peak, (MR, NR), how the rows MR does not divide are done)
+    for each MATMUL_TILES entry and each way: "none" (MR divides M), "pack" (A packed and
+    zero-padded to whole tiles) or "tail" (a second op over the last rows, which packs B
+    again)."""
+    pack = PACK_FLOPS_PER_LANE * isa.lanes
+    for mr, nr, efficiency in MATMUL_TILES[isa.name]:
+        per_row = 2 * _ceil_div(N, nr) * nr * K / efficiency
+        tail = M % mr + (mr if M % mr == 1 else 0)  # a 1-row tile cannot be tensorized
+        if tail == 0:
+            yield per_row * M, (mr, nr), "none"
+            continue
+        yield per_row * _ceil_div(M, mr) * mr + pack * M * K, (mr, nr), "pack"
+        if tail < M:
+            yield per_row * (M - tail + TAIL_SLOWDOWN * tail) + pack * K * N, (mr, nr), "tail"
 
 
 def plan(M: int, N: int, K: int, isa: Isa, kernel: GemmKernel | None = None,
          blocking: Blocking = Blocking()) -> Plan:
-    """The tile, the K slicing, and whether A is packed, for one (M, N, K) on one ISA."""
+    """The tile, the K slicing, and whether A is packed, for the first rows of (M, N, K) on
+    one ISA: plan(...).M of them, the rest left to a tail op (matmul)."""
+    tiles = MATMUL_TILES[isa.name]
+    split = True  # a given kernel splits off the rows its MR does not divide
     if kernel is None:
-        tiles = MATMUL_TILES[isa.name]
-        if 2 <= M < min(t[0] for t in tiles):  # a few rows: one tile of exactly M
-            kernel = GemmKernel(isa, M, tiles[0][1])
+        nr = tiles[0][1]
+        # A few rows (a tail op's, say): one tile of exactly M, where the registers hold it.
+        if 2 <= M <= max(t[0] for t in tiles) + 1 and registers_needed(isa, M, nr) <= isa.vector_registers:
+            kernel = GemmKernel(isa, M, nr)
         else:
-            mr, nr, _ = min(tiles, key=lambda t: _cost(M, N, K, isa, t))
-            kernel = GemmKernel(isa, mr, nr)
-    nk = _ceil_div(K, blocking.kc_limit(kernel.nr))
+            _, (mr, nr), how = min(_options(M, N, K, isa), key=lambda o: o[0])
+            kernel, split = GemmKernel(isa, mr, nr), how == "tail"
+    # As few K slices as keep a B panel in L2, and a count that divides K where one close by
+    # does: slices that overhang K need a zero-padded (packed) A.
+    least = _ceil_div(K, blocking.kc_limit(kernel.nr))
+    nk = next((n for n in range(least, least + 8) if K % n == 0), least)
     # TIR drops a reduction loop of extent 1, which then no longer matches the intrinsic's
     # description; K = 1 gets one zero-padded step instead (and so a packed A).
     kc = max(_ceil_div(K, nk), 2)
-    pack_a = M % kernel.mr != 0 or nk * kc != K
-    return Plan(M, N, K, kernel, kc, nk, pack_a)
+    tail = M % kernel.mr
+    tail += kernel.mr if tail == 1 else 0
+    if nk * kc != K or (tail and (not split or tail >= M)):
+        return Plan(M, N, K, kernel, kc, nk, True)
+    return Plan(M - tail, N, K, kernel, kc, nk, False)
 
 
 class MatmulOp(CompiledOp):
@@ -112,37 +138,63 @@ class MatmulOp(CompiledOp):
 
     user_aligned = True
 
-    def __init__(self, p: Plan, isa: Isa, lib, threads, emulate: bool = False):
+    def __init__(self, M: int, p: Plan, isa: Isa, lib, threads, emulate: bool = False,
+                 tail: "MatmulOp | None" = None):
         super().__init__(isa, lib, threads, emulate)
-        self.plan, self.kernel = p, p.kernel
-        self.M, self.N, self.K = p.M, p.N, p.K
+        self.plan, self.kernel, self.tail = p, p.kernel, tail  # tail: the op over rows p.M..M-1
+        self.M, self.N, self.K = M, p.N, p.K
 
     @property
     def flops(self) -> int:
         return 2 * self.M * self.N * self.K
 
-    def _args(self, a, b, out=None):
+    def _check(self, a, b, out):
         check_operand("a", a, (self.M, self.K), "float32")
         check_operand("b", b, (self.K, self.N), "float32")
         if out is not None:
             check_operand("out", out, (self.M, self.N), "float32")
-        return self._tensors((a, b), (self.M, self.N), out)
+
+    def _split(self, a, out):
+        """(a, out) of the first plan.M rows and of the rest: numpy views, no copies (a TVM
+        tensor is viewed through DLPack)."""
+        m = self.plan.M
+        views = [np.from_dlpack(x) if isinstance(x, tvm.runtime.Tensor) else x for x in (a, out)]
+        return (views[0][:m], views[1][:m]), (views[0][m:], views[1][m:])
 
     def __call__(self, a, b, out=None):
         """A @ B. Operands are C-contiguous numpy arrays (used in place, however aligned) or
         TVM tensors; the result is written into `out` when given (and returned)."""
-        return self._run(self._args(a, b, out))
+        self._check(a, b, out)
+        if self.tail is None:
+            return self._run(self._tensors((a, b), (self.M, self.N), out))
+        if self.emulate:  # an emulated module returns its output
+            if out is not None:
+                raise ValueError("an emulated op returns its output; out= is for native calls")
+            m = self.plan.M
+            return np.concatenate([self._run(self._tensors((a[:m], b), (m, self.N))), self.tail(a[m:], b)])
+        result = aligned_empty((self.M, self.N)) if out is None else out
+        (a_main, c_main), (a_tail, c_tail) = self._split(a, result)
+        self._run(self._tensors((a_main, b), c_main.shape, c_main))
+        self.tail(a_tail, b, out=c_tail)
+        return result
 
     def time(self, a, b, number=10, repeat=5, cold=False) -> list[float]:
-        """Seconds per call, one entry per repeat (cold: the cache is flushed before each repeat)."""
-        return self._time(self._args(a, b), number, repeat, cold)
+        """Seconds per call, one entry per repeat (cold: the cache is flushed before each
+        repeat); with a tail op, its time is added repeat by repeat."""
+        self._check(a, b, None)
+        if self.tail is None:
+            return self._time(self._tensors((a, b), (self.M, self.N)), number, repeat, cold)
+        (a_main, _), (a_tail, _) = self._split(a, np.empty((self.M, 0), np.float32))
+        main = self._time(self._tensors((a_main, b), (self.plan.M, self.N)), number, repeat, cold)
+        return [x + y for x, y in zip(main, self.tail.time(a_tail, b, number, repeat, cold))]
 
     def phases(self) -> dict:
         """The op's phases as separately compiled modules, for timing each (bench gemm
         --breakdown): {part: (module, shapes of its float32 arguments)}. "pack_a" (absent when
         A is read in place) main(A, A_pack); "pack_b" main(B, B_pack); "kernel" main(A or
         A_pack, B_pack, C_padded): the tiles alone, writing a padded C directly instead of
-        scratch tiles cropped into C."""
+        scratch tiles cropped into C; "tail1", "tail2"...: the module of each tail op (its
+        own tail excluded), main(A rows, B, C rows)."""
         p, mr, nr = self.plan, self.kernel.mr, self.kernel.nr
         a_packed = (p.mt, p.nk, mr, p.kc)
         b_packed = (p.nt, p.nk, p.kc, nr)
@@ -150,7 +202,13 @@ class MatmulOp(CompiledOp):
                   "kernel": [a_packed if p.pack_a else (p.M, p.K), b_packed, (p.mt * mr, p.nt * nr)]}
         if not p.pack_a:
             del shapes["pack_a"]
-        return {part: (_compile(p, part), shape) for part, shape in shapes.items()}
+        out = {part: (_compile(p, part), shape) for part, shape in shapes.items()}
+        op, n = self.tail, 1
+        while op is not None:  # each tail op's module, as it runs
+            rows = op.plan.M
+            out[f"tail{n}"] = (op.lib, [(rows, op.K), (op.K, op.N), (rows, op.N)])
+            op, n = op.tail, n + 1
+        return out
 
 
 def _compile(p: Plan, part: str = "all"):
@@ -242,4 +300,5 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
     p = plan(M, N, K, isa, kernel, blocking)
     check_elements(packed_A=(p.mt, p.nk, p.kernel.mr, p.kc), packed_B=(p.nt, p.nk, p.kc, p.kernel.nr),
                    C_tiles=(p.mt * p.kernel.mr, p.nt * p.kernel.nr))
-    return MatmulOp(p, isa, _compile(p), threads, emulate)
+    tail = matmul(M - p.M, N, K, target, threads, blocking=blocking, emulate=emulate) if p.M < M else None
+    return MatmulOp(M, p, isa, _compile(p), threads, emulate, tail)

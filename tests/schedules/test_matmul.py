@@ -35,49 +35,82 @@ def test_matmul_matches_numpy(M, N, K, threads, seed):
     assert_close_f32(c, a, b)
 
 
-# Each (pack_a, crop) path, and K in several slices with A read in place or packed, on the
-# first matmul tile of each ISA (8x32, 6x16: 48 rows and 64 columns are whole tiles of both).
+# Each way through the op, on the first matmul tile of each ISA (8x32, 6x16: 48 rows and 64
+# columns are whole tiles of both): (pack_a, crop, tail op).
 PATHS = [
-    ((48, 64, 40, None), False, False),  # A in place, the tiles write C itself
-    ((48, 50, 40, None), False, True),  # N ragged: scratch tiles cropped into C
-    ((61, 64, 40, None), True, True),  # MR does not divide 61: A packed, M ragged
-    ((48, 64, 100, 32), False, False),  # 4 slices of 25
-    ((48, 64, 101, 32), True, False),  # 4 slices of 26 overhang K: A packed
+    ((48, 64, 40, None), False, False, False),  # A in place, the tiles write C itself
+    ((48, 50, 40, None), False, True, False),  # N ragged: scratch tiles cropped into C
+    ((61, 64, 40, None), False, False, True),  # MR does not divide 61: a tail op for the last rows
+    ((48, 64, 100, 32), False, False, False),  # 4 slices of 25
+    ((48, 64, 101, 32), True, False, False),  # 101 is prime: 4 slices of 26 overhang K, A packed
+    ((1, 64, 40, None), True, True, False),  # one row: a tile of 2 (padded), A packed
 ]
 
 
 @pytest.mark.parametrize("preset", HOST_PRESETS)
-@pytest.mark.parametrize("shape, pack_a, crop", PATHS)
-def test_every_path_matches_numpy_on_unaligned_arrays(preset, shape, pack_a, crop, rng):
+@pytest.mark.parametrize("shape, pack_a, crop, tail", PATHS)
+def test_every_path_matches_numpy_on_unaligned_arrays(preset, shape, pack_a, crop, tail, rng):
     M, N, K, kc_max = shape
     isa = ISAS[preset[4:]]
     mr, nr, _ = MATMUL_TILES[isa.name][0]
     op = schedules.matmul(M, N, K, target=preset, blocking=Blocking(kc_max), kernel=GemmKernel(isa, mr, nr))
-    assert (op.plan.pack_a, op.plan.crop) == (pack_a, crop)
+    assert (op.plan.pack_a, op.plan.crop, op.tail is not None) == (pack_a, crop, tail)
     assert ("C_tiles" in op.lib.mod.inspect_source("ll")) == crop  # the scratch tiles exist only then
+    if tail:
+        assert op.plan.M % mr == 0 and 2 <= M - op.plan.M <= mr + 1 and op.tail.M == M - op.plan.M
     a = np.empty(M * K + 1, np.float32)[1:].reshape(M, K)  # 4 bytes past numpy's alignment
     a[...] = rng.standard_normal((M, K), dtype=np.float32)
     b = rng.standard_normal((K, N), dtype=np.float32)
     out = np.empty(M * N + 1, np.float32)[1:].reshape(M, N)  # the tiles store to it unaligned
     assert op(a, b, out=out) is out
     assert_close_f32(out, a, b)
+    np.testing.assert_array_equal(op(tvm.runtime.tensor(np.ascontiguousarray(a)), b), out)
+    assert len(op.time(a, b, number=1, repeat=2)) == 2
 
 
-@pytest.mark.parametrize("isa, M, N, K, tile, pack_a", [
-    ("avx512", 56, 100, 64, (8, 32), False),
-    ("avx512", 49, 100, 64, (7, 32), False),
-    ("avx512", 30, 100, 64, (6, 32), False),
-    ("avx512", 25, 100, 64, (5, 32), False),
-    ("avx512", 3, 100, 64, (3, 32), False),  # a few rows: one tile of exactly M
-    ("avx512", 61, 100, 64, (7, 32), True),  # no MR divides 61: the least padding
-    ("avx512", 1000, 1000, 1000, (4, 48), False),  # 1008 columns of 48 pad less than 1024 of 32
-    ("avx2", 1024, 1024, 1024, (4, 24), False),
-    ("avx2", 3136, 64, 576, (4, 24), False),  # N = 64: packing A would cost 17% of the multiply
-    ("avx2", 784, 128, 1152, (6, 16), True),  # a wider N repays it
+def test_an_emulated_op_with_a_tail_op_joins_their_rows(rng):
+    M, N, K = 61, 40, 24
+    op = schedules.matmul(M, N, K, target="x86-avx512", emulate=True, kernel=GemmKernel(ISAS["avx512"], 8, 32))
+    assert op.tail is not None and op.tail.emulate
+    a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+    assert_close_f32(op(a, b), a, b)
+    with pytest.raises(ValueError, match="returns its output"):
+        op(a, b, out=np.zeros((M, N), np.float32))
+
+
+def test_a_tail_op_reads_and_writes_the_callers_rows_in_place(rng):
+    """The main module gets the caller's A and C, the tail op the same buffers from its first
+    row on: no copies."""
+    M, N, K = 61, 64, 40
+    op = schedules.matmul(M, N, K, target=HOST, threads=1, kernel=GemmKernel(best_host_isa(), 8, 32)
+                          if best_host_isa().name == "avx512" else GemmKernel(best_host_isa(), 6, 16))
+    seen = []
+    for o in (op, op.tail):
+        entry = o._main()
+        o._entry = lambda *args, entry=entry: (seen.append([x.data_ptr() for x in args]), entry(*args))[1]
+    a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+    out = np.zeros((M, N), np.float32)
+    op(a, b, out=out)
+    m = op.plan.M
+    assert seen == [[a.ctypes.data, b.ctypes.data, out.ctypes.data],
+                    [a[m:].ctypes.data, b.ctypes.data, out[m:].ctypes.data]]
+    assert_close_f32(out, a, b)
+
+
+@pytest.mark.parametrize("isa, M, N, K, tile, how", [
+    ("avx512", 56, 100, 64, (8, 32), "none"),
+    ("avx512", 9, 100, 64, (9, 32), "none"),  # a few rows: one tile of exactly M
+    ("avx512", 3, 100, 64, (3, 32), "none"),
+    ("avx512", 61, 100, 64, (7, 32), "pack"),  # 63 padded rows beat a second op that packs B again
+    ("avx512", 1000, 1000, 1000, (4, 48), "none"),  # 1008 columns of 48 pad less than 1024 of 32
+    ("avx2", 1024, 1024, 1024, (4, 24), "none"),
+    ("avx2", 3136, 64, 576, (6, 16), "tail"),  # N = 64: packing A would cost 17% of the multiply
+    ("avx2", 49, 2048, 512, (5, 16), "pack"),  # a tail op would pack all of B a second time
 ])
-def test_plan_weighs_padding_against_packing_a(isa, M, N, K, tile, pack_a):
+def test_plan_weighs_padding_packing_and_a_tail_op(isa, M, N, K, tile, how):
     p = plan(M, N, K, ISAS[isa])
-    assert ((p.kernel.mr, p.kernel.nr), p.pack_a) == (tile, pack_a)
+    got = "pack" if p.pack_a else "tail" if p.M < M else "none"
+    assert ((p.kernel.mr, p.kernel.nr), got) == (tile, how)
 
 
 def test_plan_slices_k_to_keep_a_b_panel_in_half_of_l2(monkeypatch):
@@ -89,15 +122,22 @@ def test_plan_slices_k_to_keep_a_b_panel_in_half_of_l2(monkeypatch):
     assert Blocking().kc_limit(32) == 2048  # sysfs silent: a 512 KiB L2
 
 
-@pytest.mark.parametrize("shape", [(61, 50, 37), (64, 64, 40)])
-def test_phases_compute_what_the_op_does(shape, rng):
+@pytest.mark.parametrize("shape, kernel", [((61, 50, 37), None), ((61, 64, 40), (8, 32)), ((64, 64, 40), None)])
+def test_phases_compute_what_the_op_does(shape, kernel, rng):
     """bench gemm --breakdown times these modules: run in turn, they give the op's C exactly."""
     M, N, K = shape
-    op = schedules.matmul(M, N, K, target=HOST, threads=1)
+    isa = ISAS["avx512"] if kernel else best_host_isa()
+    op = schedules.matmul(M, N, K, target=f"x86-{isa.name}", threads=1, emulate=not isa.host_supports(),
+                          kernel=GemmKernel(isa, *kernel) if kernel else None)
+    if kernel:
+        assert op.tail is not None and op.tail.tail is None
     a = rng.standard_normal((M, K), dtype=np.float32)
     b = rng.standard_normal((K, N), dtype=np.float32)
     phases = op.phases()
-    assert set(phases) == ({"pack_a"} if op.plan.pack_a else set()) | {"pack_b", "kernel"}
+    assert set(phases) == ({"pack_a"} if op.plan.pack_a else set()) | {"pack_b", "kernel"} | (
+        {"tail1"} if op.tail else set())
+    if op.emulate:
+        return  # the modules are AVX-512 code this host cannot run
 
     def run(part, *inputs):
         lib, shapes = phases[part]
@@ -105,9 +145,12 @@ def test_phases_compute_what_the_op_does(shape, rng):
         lib["main"](*args)
         return args[-1].numpy()
 
-    a_in = run("pack_a", a) if op.plan.pack_a else a
-    c = run("kernel", a_in, run("pack_b", b))
-    np.testing.assert_array_equal(c[:M, :N], op(a, b))
+    m = op.plan.M
+    a_in = run("pack_a", a) if op.plan.pack_a else a[:m]
+    want = op(a, b)
+    np.testing.assert_array_equal(run("kernel", a_in, run("pack_b", b))[:m, :N], want[:m])
+    if op.tail:
+        np.testing.assert_array_equal(run("tail1", a[m:], b), want[m:])
 
 
 def test_large_blocked_matmul(rng):

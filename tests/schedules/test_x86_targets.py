@@ -36,7 +36,7 @@ def test_matmul(isa, mnk):
     rng = np.random.default_rng(sum(mnk))
     m, n, k = mnk
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
-    # 300 and 513 split K into blocks of at most 256: the accumulate path between them.
+    # 29 and 57 rows leave a tail op (or a packed A); K slices: test_matmul's Blocking(kc_max) cases.
     assert_close_f32(schedules.matmul(m, n, k, **on(isa))(a, b), a, b)
 
 

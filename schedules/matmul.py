@@ -4,9 +4,9 @@ Loop nest (outer to inner):
     tn*tm : NR-wide column panel of B x MR-tall row tile of A, fused: the parallel loop
     ko    : kc-deep slices of K (one, unless K is longer than kc_max)
     tile  : the micro-kernel, kc FMA steps on an MR x NR register tile
-Each tile reduces the whole of K into an MR x NR scratch tile, which is then cropped into C.
-Ragged edges of M and N therefore cost padding inside that one tile, never a padded copy of
-C or a second pass over it.
+Each tile reduces the whole of K into C in place; where the tiles overhang C, into an MR x NR
+scratch tile that is then cropped into C. Ragged edges therefore cost padding inside one
+tile, never a padded copy of C or a second pass over it.
 
 B is packed once into NR-wide panels, contiguous and zero-padded, so a tile streams one
 K x NR panel, which stays in L2 while the row tiles below it reuse it. A is read in place
@@ -55,7 +55,8 @@ class Blocking:
 
 @dataclass(frozen=True)
 class Plan:
-    """Every size a compiled matmul uses."""
+    """Every size one compiled module of a matmul uses. M: the rows it computes, the first
+    rows of the op's (the rest go to a tail op)."""
 
     M: int
     N: int
@@ -154,12 +155,10 @@ class MatmulOp(CompiledOp):
         if out is not None:
             check_operand("out", out, (self.M, self.N), "float32")
 
-    def _split(self, a, out):
-        """(a, out) of the first plan.M rows and of the rest: numpy views, no copies (a TVM
-        tensor is viewed through DLPack)."""
-        m = self.plan.M
-        views = [np.from_dlpack(x) if isinstance(x, tvm.runtime.Tensor) else x for x in (a, out)]
-        return (views[0][:m], views[1][:m]), (views[0][m:], views[1][m:])
+    @staticmethod
+    def _host(x):
+        """A numpy array as it is; a TVM tensor as a numpy view of its memory (DLPack, no copy)."""
+        return np.from_dlpack(x) if isinstance(x, tvm.runtime.Tensor) else x
 
     def __call__(self, a, b, out=None):
         """A @ B. Operands are C-contiguous numpy arrays (used in place, however aligned) or
@@ -167,15 +166,15 @@ class MatmulOp(CompiledOp):
         self._check(a, b, out)
         if self.tail is None:
             return self._run(self._tensors((a, b), (self.M, self.N), out))
+        m, a = self.plan.M, self._host(a)  # row slices of C-contiguous arrays: views, no copies
         if self.emulate:  # an emulated module returns its output
             if out is not None:
                 raise ValueError("an emulated op returns its output; out= is for native calls")
-            m = self.plan.M
             return np.concatenate([self._run(self._tensors((a[:m], b), (m, self.N))), self.tail(a[m:], b)])
         result = aligned_empty((self.M, self.N)) if out is None else out
-        (a_main, c_main), (a_tail, c_tail) = self._split(a, result)
-        self._run(self._tensors((a_main, b), c_main.shape, c_main))
-        self.tail(a_tail, b, out=c_tail)
+        c = self._host(result)
+        self._run(self._tensors((a[:m], b), (m, self.N), c[:m]))
+        self.tail(a[m:], b, out=c[m:])
         return result
 
     def time(self, a, b, number=10, repeat=5, cold=False) -> list[float]:
@@ -184,9 +183,9 @@ class MatmulOp(CompiledOp):
         self._check(a, b, None)
         if self.tail is None:
             return self._time(self._tensors((a, b), (self.M, self.N)), number, repeat, cold)
-        (a_main, _), (a_tail, _) = self._split(a, np.empty((self.M, 0), np.float32))
-        main = self._time(self._tensors((a_main, b), (self.plan.M, self.N)), number, repeat, cold)
-        return [x + y for x, y in zip(main, self.tail.time(a_tail, b, number, repeat, cold))]
+        m, a = self.plan.M, self._host(a)
+        main = self._time(self._tensors((a[:m], b), (m, self.N)), number, repeat, cold)
+        return [x + y for x, y in zip(main, self.tail.time(a[m:], b, number, repeat, cold))]
 
     def phases(self) -> dict:
         """The op's phases as separately compiled modules, for timing each (bench gemm
@@ -285,7 +284,8 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
 
     target: "x86-avx512", "x86-avx2" or "native" (the widest this host runs).
     threads: size of TVM's thread pool while this op runs (None: one per core).
-    kernel: the tile to use (default: chosen per shape from MATMUL_TILES).
+    kernel: the tile to use (default: chosen per shape from MATMUL_TILES); the rows its MR
+        does not divide go to a tail op that picks its own.
     emulate: run calls on the Bochs CPU (x86 targets; AVX-512 on a host without it), one thread.
     """
     M, N, K = (positive_int(n, v) for n, v in (("M", M), ("N", N), ("K", K)))

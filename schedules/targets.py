@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -135,8 +136,9 @@ def set_threads(threads: int | None) -> None:
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
-def host_caches() -> list[tuple[int, str, str]]:
-    """(level, type, size) of each cache of cpu0, as sysfs gives them ("48K"); [] where unknown."""
+@functools.lru_cache(maxsize=1)  # read once: every compile consults it
+def host_caches() -> tuple[tuple[int, str, str], ...]:
+    """(level, type, size) of each cache of cpu0, as sysfs gives them ("48K"); () where unknown."""
     out = []
     for d in sorted(CACHE_DIR.glob("index*")):
         try:
@@ -144,7 +146,7 @@ def host_caches() -> list[tuple[int, str, str]]:
                         (d / "size").read_text().strip()))
         except (OSError, ValueError):
             continue
-    return out
+    return tuple(out)
 
 
 def host_cache_bytes(level: int, default: int) -> int:

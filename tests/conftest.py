@@ -66,3 +66,37 @@ def _toolchain_errors_fail_fast():
     emulate.run = run
     yield
     emulate.run = real
+
+
+class Spy:
+    """Stands in for op.lib and records the data address of every argument it is given."""
+
+    def __init__(self, lib):
+        self.lib, self.seen = lib, []
+
+    def __call__(self, *args):
+        self.seen.append([a.data_ptr() for a in args])
+        return self.lib(*args)
+
+    def __getitem__(self, name):  # the op calls the entry function it looks up
+        entry = self.lib[name]
+
+        def record(*args):
+            self.seen.append([a.data_ptr() for a in args])
+            return entry(*args)
+
+        return record
+
+    def __getattr__(self, name):
+        return getattr(self.lib, name)
+
+
+def unaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` whose data starts 4 bytes past a 64-byte boundary."""
+    from schedules.layouts import aligned_empty, is_aligned
+
+    raw = aligned_empty((a.size + 16,))
+    v = raw[1:1 + a.size].reshape(a.shape)
+    v[...] = a
+    assert not is_aligned(v)
+    return v

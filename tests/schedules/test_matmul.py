@@ -14,7 +14,7 @@ from microkernels import ISAS, MATMUL_TILES, GemmKernel, TileError, asm, best_ho
 from schedules import Blocking, UnsupportedHostError
 from schedules.matmul import plan
 
-from ..conftest import assert_close_f32
+from ..conftest import Spy, assert_close_f32, unaligned
 
 HOST = f"x86-{best_host_isa().name}"
 matmul_module = importlib.import_module("schedules.matmul")  # schedules.matmul is the function
@@ -58,10 +58,9 @@ def test_every_path_matches_numpy_on_unaligned_arrays(preset, shape, pack_a, cro
     assert ("C_tiles" in op.lib.mod.inspect_source("ll")) == crop  # the scratch tiles exist only then
     if tail:
         assert op.plan.M % mr == 0 and 2 <= M - op.plan.M <= mr + 1 and op.tail.M == M - op.plan.M
-    a = np.empty(M * K + 1, np.float32)[1:].reshape(M, K)  # 4 bytes past numpy's alignment
-    a[...] = rng.standard_normal((M, K), dtype=np.float32)
+    a = unaligned(rng.standard_normal((M, K), dtype=np.float32))
     b = rng.standard_normal((K, N), dtype=np.float32)
-    out = np.empty(M * N + 1, np.float32)[1:].reshape(M, N)  # the tiles store to it unaligned
+    out = unaligned(np.zeros((M, N), np.float32))  # the tiles store to it unaligned
     assert op(a, b, out=out) is out
     assert_close_f32(out, a, b)
     np.testing.assert_array_equal(op(tvm.runtime.tensor(np.ascontiguousarray(a)), b), out)
@@ -84,16 +83,13 @@ def test_a_tail_op_reads_and_writes_the_callers_rows_in_place(rng):
     M, N, K = 61, 64, 40
     op = schedules.matmul(M, N, K, target=HOST, threads=1, kernel=GemmKernel(best_host_isa(), 8, 32)
                           if best_host_isa().name == "avx512" else GemmKernel(best_host_isa(), 6, 16))
-    seen = []
-    for o in (op, op.tail):
-        entry = o._main()
-        o._entry = lambda *args, entry=entry: (seen.append([x.data_ptr() for x in args]), entry(*args))[1]
+    op.lib, op.tail.lib = Spy(op.lib), Spy(op.tail.lib)
     a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
     out = np.zeros((M, N), np.float32)
     op(a, b, out=out)
     m = op.plan.M
-    assert seen == [[a.ctypes.data, b.ctypes.data, out.ctypes.data],
-                    [a[m:].ctypes.data, b.ctypes.data, out[m:].ctypes.data]]
+    assert op.lib.seen == [[a.ctypes.data, b.ctypes.data, out.ctypes.data]]
+    assert op.tail.lib.seen == [[a[m:].ctypes.data, b.ctypes.data, out[m:].ctypes.data]]
     assert_close_f32(out, a, b)
 
 

@@ -13,45 +13,15 @@ from schedules import aligned_empty, layouts
 from schedules.layouts import is_aligned
 from microkernels.isa import best_host_isa
 
+from ..conftest import Spy, unaligned
+
 ISA = best_host_isa()  # the transforms are plain TVM code: the host's ISA is the one they run on
-
-
-class Spy:
-    """Stands in for op.lib and records the data address of every argument it is given."""
-
-    def __init__(self, lib):
-        self.lib, self.seen = lib, []
-
-    def __call__(self, *args):
-        self.seen.append([a.data_ptr() for a in args])
-        return self.lib(*args)
-
-    def __getitem__(self, name):  # the op calls the entry function it looks up
-        entry = self.lib[name]
-
-        def record(*args):
-            self.seen.append([a.data_ptr() for a in args])
-            return entry(*args)
-
-        return record
-
-    def __getattr__(self, name):
-        return getattr(self.lib, name)
 
 
 def rand(shape, seed=0):
     a = aligned_empty(shape)
     a[...] = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
     return a
-
-
-def unaligned(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of `a` whose data starts 4 bytes past a 64-byte boundary."""
-    raw = aligned_empty((a.size + 16,))
-    v = raw[1:1 + a.size].reshape(a.shape)
-    v[...] = a
-    assert not is_aligned(v)
-    return v
 
 
 def test_run_blocked_hands_the_callers_buffers_to_the_kernel():

@@ -7,8 +7,8 @@ NCHW tensors, as a PyTorch model would, and does its own blocking inside oneDNN.
 in the same process, taking turns over three rounds (best median each); with more than one
 thread a pause comes before each turn: TVM's and OpenMP's idle workers spin for a while after
 a call and would steal the other side's cores.
-Cold cache: before every single call the caches are flushed (TVM's cache_flush_cpu_non_first_arg
-for ours, a 64 MiB write for PyTorch), so every call starts with weights and input in DRAM.
+Cold cache: before every single call the caches are flushed, the same way for both sides (a
+64 MiB write, timing.flush_caches), so every call starts with weights and input in DRAM.
 """
 
 from __future__ import annotations

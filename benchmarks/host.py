@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import os
 
+from microkernels.isa import host_cpuinfo
 from schedules.targets import host_caches
 
 
 def cpu_name() -> str:
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
+    fields = host_cpuinfo()
+    if not fields:
         return "unknown CPU"
     return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 

@@ -119,18 +119,29 @@ ARM_ISAS = {isa.name: isa for isa in (NEON, AARCH64, AARCH64_DOT)}
 
 
 @functools.lru_cache(maxsize=1)
-def host_cpu_flags() -> frozenset | None:
-    """CPU feature flags of this host, or None where they cannot be read (non-Linux)."""
+def host_cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ("flags", "model name", ...); {} where it
+    cannot be read (non-Linux)."""
+    fields = {}
     if platform.system() != "Linux":
-        return None
+        return fields
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
-        return None
-    return None
+        return {}
+    return fields
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu_flags() -> frozenset | None:
+    """CPU feature flags of this host, or None where they cannot be read (non-Linux)."""
+    flags = host_cpuinfo().get("flags")
+    return None if flags is None else frozenset(flags.split())
 
 
 def best_host_isa() -> Isa:

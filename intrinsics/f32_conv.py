@@ -26,16 +26,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tvm import s_tir
 from tvm.script import parser
 from tvm.script import tirx as T
 
 from microkernels import GemmKernel, TileError
 from microkernels.isa import normalize_ints
 
-DEFAULT_CLIP = (0.0, 6.0)  # ReLU6
+from . import registry
 
-_REGISTERED: list[str] = []
+DEFAULT_CLIP = (0.0, 6.0)  # ReLU6
 
 
 def reduce_axes(nb: int, kh: int, kw: int, bi: int) -> list[tuple[str, int]]:
@@ -240,10 +239,4 @@ def register_conv(tile: ConvTile) -> str:
     """Register (once) the intrinsic for one conv tile geometry; return its name."""
     desc = parser.parse(_render(tile, impl=False), extra_vars={"T": T})
     impl = parser.parse(_render(tile, impl=True), extra_vars={"T": T, "kernel_ir": tile.kern.llvm_ir()})
-    s_tir.TensorIntrin.register(tile.name, desc, impl)
-    _REGISTERED.append(tile.name)
-    return tile.name
-
-
-def names() -> list[str]:
-    return list(_REGISTERED)
+    return registry.register(tile.name, desc, impl)

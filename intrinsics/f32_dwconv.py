@@ -21,6 +21,7 @@ from microkernels import TileError
 from microkernels.f32_dwconv import BLOCK, DwKernel
 from microkernels.isa import normalize_ints
 
+from . import registry
 from .f32_conv import DEFAULT_CLIP, element_body
 
 
@@ -111,8 +112,7 @@ def register_dw(t: DwRow) -> str:
     """Register (once) the intrinsic for one depthwise row geometry; return its name."""
     desc = parser.parse(_render(t, impl=False), extra_vars={"T": T})
     impl = parser.parse(_render(t, impl=True), extra_vars={"T": T, "kernel_ir": t.kern.llvm_ir()})
-    s_tir.TensorIntrin.register(t.name, desc, impl)
-    return t.name
+    return registry.register(t.name, desc, impl)
 
 
 def row_function(t: DwRow):

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 
-from tvm import s_tir
 from tvm.script import tirx as T
 
 from microkernels import AVX2, AVX512, GemmKernel, Isa, TileError
 from microkernels.isa import MAX_ELEMENTS, positive_int
 
-_REGISTERED: list[str] = []
+from . import registry
 
 
 def intrin_name(kern: GemmKernel, k: int) -> str:
@@ -105,12 +104,8 @@ def register(kern: GemmKernel, k: int) -> str:
     if kern.mr < 2:
         raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
                         "loops, so an MR = 1 block can never match the description)")
-    name = intrin_name(kern, k)
-    s_tir.TensorIntrin.register(
-        name, _descriptions(kern.mr, kern.nr, k, kern.accumulate), _implementation(kern, k)
-    )
-    _REGISTERED.append(name)
-    return name
+    return registry.register(intrin_name(kern, k), _descriptions(kern.mr, kern.nr, k, kern.accumulate),
+                             _implementation(kern, k))
 
 
 def _fma_gemm(isa: Isa, mr: int, nr: int, k: int, accumulate: bool) -> str:
@@ -125,8 +120,3 @@ def avx512_fma_gemm(mr: int, nr: int, k: int, accumulate: bool = True) -> str:
 def avx2_fma_gemm(mr: int, nr: int, k: int, accumulate: bool = True) -> str:
     """TensorIntrin name for C[mr, nr] (+)= A[mr, k] @ B[k, nr] on AVX2 ymm FMAs."""
     return _fma_gemm(AVX2, mr, nr, k, accumulate)
-
-
-def names() -> list[str]:
-    """Names of the intrinsics this library has registered so far."""
-    return list(_REGISTERED)

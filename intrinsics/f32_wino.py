@@ -29,7 +29,8 @@ from tvm.script import tirx as T
 
 from microkernels.f32_wino import BLOCK, WinoKernel
 
-_REGISTERED: list[str] = []
+from . import registry
+
 # kind -> (src, dst) has a unit axis before the channels: (q, q, 1, 16) instead of (q, q, 16).
 UNIT_AXIS = {"in": (False, True), "out": (True, False), "wt": (True, True)}
 
@@ -107,13 +108,7 @@ def register(kern: WinoKernel) -> str:
     """Register (once) the intrinsic of a transform kernel; its name is the kernel's."""
     desc, impl = _text(kern)
     env = {"T": T, "IR": kern.llvm_ir()}
-    s_tir.TensorIntrin.register(kern.name, parser.parse(desc, extra_vars=env), parser.parse(impl, extra_vars=env))
-    _REGISTERED.append(kern.name)
-    return kern.name
-
-
-def names() -> list[str]:
-    return list(_REGISTERED)
+    return registry.register(kern.name, parser.parse(desc, extra_vars=env), parser.parse(impl, extra_vars=env))
 
 
 def tile_module(kern: WinoKernel, src_shape: tuple, src_at: tuple, dst_shape: tuple, dst_at: tuple):

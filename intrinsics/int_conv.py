@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tvm import s_tir
 from tvm.script import parser
 from tvm.script import tirx as T
 
@@ -26,7 +25,7 @@ from microkernels import TileError
 from microkernels.int_mac import MacKernel
 from microkernels.isa import normalize_ints
 
-_REGISTERED: list[str] = []
+from . import registry
 
 
 def reduce_axes(kh: int, kw: int, ci: int, dot: bool = False) -> list[tuple[str, int]]:
@@ -154,10 +153,4 @@ def register_int_conv(tile: IntConvTile) -> str:
     """Register (once) the intrinsic for one conv tile geometry; return its name."""
     desc = parser.parse(_render(tile, impl=False), extra_vars={"T": T})
     impl = parser.parse(_render(tile, impl=True), extra_vars={"T": T, "kernel_ir": tile.kern.llvm_ir()})
-    s_tir.TensorIntrin.register(tile.name, desc, impl)
-    _REGISTERED.append(tile.name)
-    return tile.name
-
-
-def names() -> list[str]:
-    return list(_REGISTERED)
+    return registry.register(tile.name, desc, impl)

@@ -19,7 +19,7 @@ from microkernels import AARCH64, AARCH64_DOT, NEON, TileError
 from microkernels.int_mac import MacKernel
 from microkernels.isa import positive_int
 
-_REGISTERED: list[str] = []
+from . import registry
 
 
 def intrin_name(kern: MacKernel, k: int) -> str:
@@ -110,11 +110,8 @@ def register_mac(kern: MacKernel, k: int) -> str:
     if kern.mr < 2:
         raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
                         "loops, so an MR = 1 block can never match the description)")
-    name = intrin_name(kern, k)
     pair = _dot_pair(kern, k) if kern.op == "dot" else _mac_pair(kern, k)
-    s_tir.TensorIntrin.register(name, *pair)
-    _REGISTERED.append(name)
-    return name
+    return registry.register(intrin_name(kern, k), *pair)
 
 
 def neon_int16_mac(mr: int, nr: int, k: int) -> str:
@@ -130,10 +127,6 @@ def aarch64_int16_mac(mr: int, nr: int, k: int) -> str:
 def aarch64_int8_dot(mr: int, nr: int, k: int) -> str:
     """TensorIntrin name for the sdot tile, int8 -> int32, B packed as (k/4, nr, 4)."""
     return register_mac(MacKernel(AARCH64_DOT, mr, nr), k)
-
-
-def names() -> list[str]:
-    return list(_REGISTERED)
 
 
 def tile_module(kern: MacKernel, k: int):

@@ -10,8 +10,7 @@ carry an init, which tensorize keeps as a zero fill of dst before every call: de
 size of the tile, since the kernel overwrites all of dst.
 
 Where the schedule keeps a tile's 16 channels between two larger dimensions (the tile index t
-in V[xi, nu, t, c] and M[xi, nu, t, c], which the GEMM needs outside the channels; the input
-channel in the weights), the operand carries that unit dimension too: tensorize matches a
+in V[xi, nu, t, c] and M[xi, nu, t, c], which the GEMM needs outside the channels), the operand carries that unit dimension too: tensorize matches a
 region only if its extra dimensions lead. `UNIT_AXIS` says which operands have it, per kind.
 
 Side effect the description does not show: the output transform (kind "out") keeps its first
@@ -32,7 +31,7 @@ from microkernels.f32_wino import BLOCK, WinoKernel
 from . import registry
 
 # kind -> (src, dst) has a unit axis before the channels: (q, q, 1, 16) instead of (q, q, 16).
-UNIT_AXIS = {"in": (False, True), "out": (True, False), "wt": (True, True)}
+UNIT_AXIS = {"in": (False, True), "out": (True, False)}
 
 
 def _index(unit: bool, i: str, j: str, c: str) -> str:

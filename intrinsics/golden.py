@@ -84,7 +84,7 @@ def compiled_function(kern) -> str:
     return asm.compute_function(tile_asm(kern, GOLDEN_K))
 
 
-_WINO_KIND = {"in": "input", "out": "output", "wt": "weight"}
+_WINO_KIND = {"in": "input", "out": "output"}
 
 
 def render(kern, fn_asm: str) -> str:

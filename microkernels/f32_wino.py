@@ -25,14 +25,16 @@ Coefficients 1 and -1 cost an add or a subtract, 0 nothing. `Program.ops` counts
 `dense_ops` what a plain matrix-vector product would cost (q operations per output).
 
 Kernels, one per (kind, m, ISA):
-    void mk_f32_wino_<in|out|wt>_<m>x3_<isa>(ptr src, i32 src_row, i32 src_col,
-                                           ptr dst, i32 dst_row, i32 dst_col)
+    void mk_f32_wino_<in|out>_<m>x3_<isa>(ptr src, i32 src_row, i32 src_col,
+                                        ptr dst, i32 dst_row, i32 dst_col)
 Element (i, j) of a tile is 16 floats (the channel block) at ptr + i*row + j*col (strides in
 floats). `in`: V = B^T d B (alpha x alpha from alpha x alpha); `out`: Y = A^T M A (m x m from
-alpha x alpha); `wt`: U = G g G^T (alpha x alpha from 3 x 3). Pass 1's result is kept in
-whichever operand is at least as large (dst for in and wt, src for out, which the output
-transform therefore overwrites): no scratch, no stack. On AVX2 the 16 lanes are done as two
-halves of 8, one after the other, so a 1-D transform's values fit in the 16 ymm registers.
+alpha x alpha). The weights' U = G g G^T has no kernel: it runs once per layer, ahead of time,
+where float64 numpy is fast enough and more accurate (from F(4) on, G holds 1/6, 1/12, ...,
+which float32 does not represent). Pass 1's result is kept in whichever operand is at least as
+large (dst for in, src for out, which the output transform therefore overwrites): no scratch,
+no stack. On AVX2 the 16 lanes are done as two halves of 8, one after the other, so a 1-D
+transform's values fit in the 16 ymm registers.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from .isa import ISAS, Isa
 
 R = 3  # kernel size: every transform here is for 3x3 filters
 BLOCK = 16  # channels per tile element: one NCHW16c block
-KINDS = ("in", "out", "wt")
+KINDS = ("in", "out")  # transforms with a kernel; "wt" (G) is only a matrix, applied ahead of time
 POINTS = {
     2: (0, 1, -1),
     4: (0, 1, -1, 2, -2),
@@ -104,13 +106,10 @@ def as_array(mat: list, dtype=np.float64) -> np.ndarray:
 def transform_matrix(kind: str, m: int) -> list:
     """The M of Y = M X M^T for a transform kind."""
     at, g, bt = matrices(m)
-    return {"in": bt, "out": at, "wt": g}[_kind(kind)]
-
-
-def _kind(kind: str) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"transform kind must be one of {KINDS}, got {kind!r}")
-    return kind
+    mats = {"in": bt, "out": at, "wt": g}
+    if kind not in mats:
+        raise ValueError(f"transform kind must be one of {tuple(mats)}, got {kind!r}")
+    return mats[kind]
 
 
 # --- 1-D programs -------------------------------------------------------------------------
@@ -286,11 +285,12 @@ def dense_ops(kind: str, m: int) -> int:
 @dataclass(frozen=True)
 class WinoKernel:
     isa: Isa
-    kind: str  # "in", "out" or "wt"
+    kind: str  # one of KINDS
     m: int
 
     def __post_init__(self):
-        _kind(self.kind)
+        if self.kind not in KINDS:
+            raise ValueError(f"a transform kernel's kind must be one of {KINDS}, got {self.kind!r}")
         matrices(self.m)
         if BLOCK % self.isa.lanes or self.isa.arch != "x86":
             raise ValueError(f"Winograd transforms are x86 kernels over a {BLOCK}-channel block, not {self.isa.name}")
@@ -307,7 +307,7 @@ class WinoKernel:
     def shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """(src tile, dst tile) sizes in elements of 16 channels."""
         a, m = self.alpha, self.m
-        return {"in": ((a, a), (a, a)), "out": ((a, a), (m, m)), "wt": ((R, R), (a, a))}[self.kind]
+        return {"in": ((a, a), (a, a)), "out": ((a, a), (m, m))}[self.kind]
 
     @property
     def program_matrix(self) -> list:

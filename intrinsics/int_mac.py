@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-from tvm import s_tir
+import tvm
 from tvm.script import tirx as T
 
 from microkernels import AARCH64, AARCH64_DOT, NEON, TileError
@@ -130,24 +130,10 @@ def aarch64_int8_dot(mr: int, nr: int, k: int) -> str:
 
 
 def tile_module(kern: MacKernel, k: int):
-    """One tile, C[MR, NR] += A[MR, k] @ B, written in TE and tensorized with the kernel's
-    intrinsic: the smallest module whose assembly is the kernel in context (dumps, bench)."""
-    from tvm import te
+    """One tile, C[MR, NR] = A[MR, k] @ B, dense and tensorized with the kernel's intrinsic: the
+    smallest module whose assembly is the kernel in context (golden dumps, the ARM bench)."""
+    from .tile_module import TileLayout, tile_function  # which imports this module
 
-    mr, nr, dt = kern.mr, kern.nr, kern.dtype
-    A = te.placeholder((mr, k), dt, name="A")
-    if kern.op == "dot":
-        B = te.placeholder((k // 4, nr, 4), dt, name="B")
-        g, t = te.reduce_axis((0, k // 4), "g"), te.reduce_axis((0, 4), "t")
-        C = te.compute((mr, nr), lambda i, j: te.sum(
-            A[i, g * 4 + t].astype("int32") * B[g, j, t].astype("int32"), axis=[g, t]), name="C")
-    else:
-        B = te.placeholder((k, nr), dt, name="B")
-        r = te.reduce_axis((0, k), "k")
-        C = te.compute((mr, nr), lambda i, j: te.sum(A[i, r].astype("int32") * B[r, j].astype("int32"), axis=r), name="C")
-    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
-    blk = sch.get_sblock("C")
-    i = sch.get_loops(blk)[0]
-    sch.decompose_reduction(blk, i)
-    sch.tensorize(i, register_mac(kern, k))
-    return sch.mod
+    mod = tile_function(kern, TileLayout.dense(kern, k), zero_c=True)
+    # The symbol the golden dumps name.
+    return tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")})

@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 from tvm import s_tir, te
 
 import intrinsics
-from intrinsics.tile_module import TileLayout, compile_tile
-from microkernels import ISAS, GemmKernel, TileError, max_tiles
+from microkernels import GemmKernel, TileError, max_tiles
 
 from ..conftest import assert_close_f32
+from ..testers.common import layouts
+from ..testers.f32_gemm import GemmTester
 from ..x86_exec import X86, X86_IDS, execute
 
 # Every ISA: natively where the host runs it, on the Bochs CPU where it does not (x86_exec).
@@ -46,29 +47,10 @@ def _tiles(isa):
 
 
 @st.composite
-def tile_cases(draw, isa):
+def gemm_testers(draw, isa):
     mr, nr = draw(_tiles(isa))
-    k = draw(st.integers(2, 300))
-    pad = st.integers(0, 9)
-    lay = TileLayout(k, 0, 0, 0, a_col=draw(pad), b_col=draw(pad), c_col=draw(pad), c_row=draw(st.integers(0, 3)))
-    lay = TileLayout(k, k + lay.a_col + draw(pad), nr + lay.b_col + draw(pad), nr + lay.c_col + draw(pad),
-                     lay.a_col, lay.b_col, lay.c_col, lay.c_row)
-    return GemmKernel(isa, mr, nr, draw(st.booleans())), lay
-
-
-def _check_tile(kern, lay, seed):
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((kern.mr, lay.lda), dtype=np.float32)
-    b = rng.standard_normal((lay.k, lay.ldb), dtype=np.float32)
-    c = rng.standard_normal(lay.c_shape(kern.mr), dtype=np.float32)
-    lib = compile_tile(kern, lay)
-    got, = execute(lib, kern.isa, [a, b, c], [2])
-    rows, cols = slice(lay.c_row, lay.c_row + kern.mr), slice(lay.c_col, lay.c_col + kern.nr)
-    a_t, b_t = a[:, lay.a_col:lay.a_col + lay.k], b[:, lay.b_col:lay.b_col + kern.nr]
-    assert_close_f32(got[rows, cols], a_t, b_t, c[rows, cols].astype(np.float64) if kern.accumulate else None)
-    outside = np.ones(c.shape, bool)
-    outside[rows, cols] = False
-    assert np.array_equal(got[outside], c[outside]), "the kernel wrote outside its tile"
+    kern = GemmKernel(isa, mr, nr, draw(st.booleans()))
+    return GemmTester(kern, layout=draw(layouts(kern, st.integers(2, 300))))
 
 
 @pytest.mark.parametrize("accumulate", [True, False])
@@ -78,15 +60,15 @@ def test_row_strides_are_told_apart(isa, accumulate):
     that mixed them up would pass), the tile away from every buffer edge."""
     mr, nr = max_tiles(isa)[0]
     k = 37
-    lay = TileLayout(k, lda=k + 5, ldb=nr + 3, ldc=nr + 11, a_col=2, b_col=1, c_col=4, c_row=1)
-    _check_tile(GemmKernel(isa, mr, nr, accumulate), lay, seed=7)
+    GemmTester(GemmKernel(isa, mr, nr, accumulate), k).at(
+        lda=k + 5, ldb=nr + 3, ldc=nr + 11, a_col=2, b_col=1, c_col=4, c_row=1).test(seed=7)
 
 
 @pytest.mark.parametrize("isa", RUNNABLE, ids=X86_IDS)
 def test_tile_matches_numpy(isa):
-    @given(tile_cases(isa), st.integers(0, 2**32 - 1))
-    def check(case, seed):
-        _check_tile(*case, seed)
+    @given(gemm_testers(isa), st.integers(0, 2**32 - 1))
+    def check(tester, seed):
+        tester.test(seed)
 
     check()
 
@@ -94,12 +76,11 @@ def test_tile_matches_numpy(isa):
 @pytest.mark.parametrize("isa", RUNNABLE, ids=X86_IDS)
 def test_tile_extremes(isa):
     """Huge, tiny and signed-zero inputs: exact float32 semantics, no flush or reordering surprise."""
-    kern = GemmKernel(isa, 2, isa.lanes)
-    lay = TileLayout.dense(kern, 4)
+    tester = GemmTester(GemmKernel(isa, 2, isa.lanes), 4)
     a = np.array([[3e38, -3e38, 1e-30, 0.0], [-0.0, 1.0, 2.0, 3.0]], np.float32)
     b = np.tile(np.array([[1.0], [1.0], [1e-10], [-0.0]], np.float32), (1, isa.lanes))
-    c = np.zeros(lay.c_shape(2), np.float32)
-    got, = execute(compile_tile(kern, lay), isa, [a, b, c], [2])
+    c = np.zeros(tester.shapes()[2], np.float32)
+    got = tester.run(a, b, c)
     expect = np.zeros_like(c)  # the guard rows below the tile stay 0
     for i in range(2):  # the kernel's order: a sequence of float32 FMAs over k
         for kk in range(4):

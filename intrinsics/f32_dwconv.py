@@ -115,25 +115,39 @@ def register_dw(t: DwRow) -> str:
     return registry.register(t.name, desc, impl)
 
 
+# Where row_function places the row: its window at row 1, column 2 of A; the weights (and
+# bias) of the second of two blocks; the output in row 1 of 3, from pixel 1.
+ROW_A_AT, ROW_BLOCK, ROW_C_AT = (1, 2), 1, (1, 1)
+
+
+def row_shapes(t: DwRow) -> tuple[tuple, tuple, tuple, tuple]:
+    """Shapes of row_function's A, B, Bias and C."""
+    ah, aw = t.window
+    (ay, ax), (cy, cx) = ROW_A_AT, ROW_C_AT
+    return ((ah + ay + 1, aw + ax + 1, BLOCK), (ROW_BLOCK + 1, t.kern.kh, t.kern.kw, BLOCK), (ROW_BLOCK + 1, BLOCK),
+            (cy + 2, t.ow + cx, BLOCK))
+
+
 def row_function(t: DwRow):
-    """One row through the intrinsic, placed inside larger buffers (the window at row 1,
-    column 2 of its input; weights of the second block; output row 1 from pixel 1), so the
-    kernel sees real strides and offsets: for kernel tests and golden dumps."""
+    """One row through the intrinsic, placed inside larger buffers (ROW_A_AT, ROW_BLOCK,
+    ROW_C_AT), so the kernel sees real strides and offsets: for kernel tests and golden dumps."""
     import tvm
 
-    k, ep = t.kern, t.kern.epilogue
-    ah, aw = t.window
+    ep = t.kern.epilogue
     red = t.reduce_axes()
     names = dict(red)
     r, s = ("r" if "r" in names else "0"), ("s" if "s" in names else "0")
-    params = (f"A: T.Buffer(({ah + 2}, {aw + 3}, {BLOCK}), 'float32'), B: T.Buffer((2, {k.kh}, {k.kw}, {BLOCK}), 'float32'),"
-              + (f" Bias: T.Buffer((2, {BLOCK}), 'float32')," if ep.bias else "")
-              + f" C: T.Buffer((3, {t.ow + 1}, {BLOCK}), 'float32')")
+    a_shape, b_shape, bias_shape, c_shape = row_shapes(t)
+    (ay, ax), blk, (cy, cx) = ROW_A_AT, ROW_BLOCK, ROW_C_AT
+    params = (f"A: T.Buffer({a_shape}, 'float32'), B: T.Buffer({b_shape}, 'float32'),"
+              + (f" Bias: T.Buffer({bias_shape}, 'float32')," if ep.bias else "")
+              + f" C: T.Buffer({c_shape}, 'float32')")
     lines = ["@T.prim_func(s_tir=True)", f"def main({params}):", "    T.func_attr({'tirx.noalias': True})",
              f"    for x, c in T.grid({t.ow}, {BLOCK}):", "        with T.sblock('row'):",
              "            vx, vc = T.axis.remap('SS', [x, c])"]
-    lines += element_body("C[1, vx + 1, vc]", f"A[1 + {r} * {t.dh}, 2 + vx * {t.sw} + {s} * {t.dw}, vc]",
-                          f"B[1, {r}, {s}, vc]", red, " " * 12, "Bias[1, vc]" if ep.bias else None, None, ep.act, t.clip)
+    lines += element_body(f"C[{cy}, vx + {cx}, vc]", f"A[{ay} + {r} * {t.dh}, {ax} + vx * {t.sw} + {s} * {t.dw}, vc]",
+                          f"B[{blk}, {r}, {s}, vc]", red, " " * 12, f"Bias[{blk}, vc]" if ep.bias else None, None,
+                          ep.act, t.clip)
     sch = s_tir.Schedule(parser.parse("\n".join(lines) + "\n", extra_vars={"T": T}))
     sch.tensorize(sch.get_loops(sch.get_sblock("row"))[0], register_dw(t))
     return tvm.IRModule({"main": sch.mod["main"]})

@@ -110,11 +110,26 @@ def register(kern: WinoKernel) -> str:
     return registry.register(kern.name, parser.parse(desc, extra_vars=env), parser.parse(impl, extra_vars=env))
 
 
+def placement(kern: WinoKernel, src_at: tuple, src_after: tuple, dst_at: tuple, dst_after: tuple) -> tuple:
+    """(src_shape, src_at, dst_shape, dst_at) for tile_module: each tile at `*_at` (row, column,
+    index along the unit axis) with `*_after` elements more past it on each axis. An operand
+    without a unit axis (UNIT_AXIS) ignores the third entries."""
+    (q, _), (p, _) = kern.shapes
+    su, du = UNIT_AXIS[kern.kind]
+    return (*_place(q, su, src_at, src_after), *_place(p, du, dst_at, dst_after))
+
+
+def _place(n: int, unit: bool, at: tuple, after: tuple) -> tuple[tuple, tuple]:
+    axes = 3 if unit else 2
+    shape = tuple(a + e + b for a, e, b in zip(at, (n, n, 1), after))[:axes]
+    return shape + (BLOCK,), tuple(at[:axes])
+
+
 def tile_module(kern: WinoKernel, src_shape: tuple, src_at: tuple, dst_shape: tuple, dst_at: tuple):
     """One transform placed inside larger buffers (at offsets, with real strides) and
     tensorized: for kernel tests and golden dumps. A buffer is (rows, cols, 16), or
     (rows, cols, n, 16) for an operand with a unit axis, whose `*_at` then has a third entry:
-    the index along n. Returns the scheduled IRModule."""
+    the index along n (`placement` derives all four). Returns the scheduled IRModule."""
     (q, _), (p, _) = kern.shapes
     su, du = UNIT_AXIS[kern.kind]
     ref = lambda name, at, unit, i, j: (  # noqa: E731

@@ -59,11 +59,7 @@ def wino_placement(kern: WinoKernel) -> tuple:
     """(src_shape, src_at, dst_shape, dst_at) for iwino.compile_tile: the tile at a row and
     column offset inside larger buffers, and not at index 0 of a unit axis, so the kernel's
     strides and offsets are not all trivial."""
-    (q, _), (p, _) = kern.shapes
-    su, du = iwino.UNIT_AXIS[kern.kind]
-    src = ((q + 2, q + 3, 3, 16), (1, 2, 1)) if su else ((q + 2, q + 3, 16), (1, 2))
-    dst = ((p + 1, p + 2, 2, 16), (1, 1, 1)) if du else ((p + 1, p + 2, 16), (1, 1))
-    return (*src, *dst)
+    return iwino.placement(kern, (1, 2, 1), (1, 1, 1), (1, 1, 1), (0, 1, 0))
 
 
 def dump_path(kern) -> Path:

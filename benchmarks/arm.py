@@ -26,8 +26,8 @@ from tvm import te
 from intrinsics.int_mac import tile_module
 from microkernels import ARM_ISAS, asm, mca
 from microkernels.int_mac import default_mac_kernel
-from schedules import conv2d_int8
-from schedules.conv2d import geometry
+from schedules.conv import ConvParams, Geometry
+from schedules.conv import int8_arm as conv2d_int8
 
 TARGETS = {"armv7-neon": "neon", "aarch64-neon": "aarch64", "aarch64-dotprod": "aarch64dot"}
 # The dot-product kernel needs an ARMv8.2 core model; cortex-a55 is the in-order one that has it.
@@ -75,8 +75,8 @@ def run(layers, log) -> dict:
         tile = hot_loop(tile_module(kern, 16 * kern.k_step), isa)
         tile_rate = {cpu: mac_rate(tile, isa_name, cpu) for cpu in MODELS[isa_name]}
         for layer in layers:
-            g = geometry((1, layer.c, layer.h, layer.w), (layer.o, layer.c, layer.k, layer.k), layer.stride, layer.pad,
-                         block=conv2d_int8.conv_kernel(isa).nr)
+            g = Geometry.of(ConvParams((1, layer.c, layer.h, layer.w), (layer.o, layer.c, layer.k, layer.k), layer.stride,
+                                    layer.pad), block=conv2d_int8.conv_kernel(isa).nr)
             loops = {"conv": hot_loop(conv2d_int8.build(g, isa, "int8", ZP_X)[0], isa),
                      "vec": hot_loop(conv2d_int8.build(g, isa, "int8", ZP_X, tensorize=False)[0], isa),
                      "plain": hot_loop(plain_module(g, ZP_X, ZP_W), isa)}
@@ -90,7 +90,7 @@ def run(layers, log) -> dict:
                 log(f"{target:16} {cpu:11} {layer.row:2} {layer.label:31} {rate['tile']:6.2f} {rate['conv']:6.2f} "
                     f"{rate['vec']:7.2f} {rate['plain']:8.2f} {rate['conv'] / rate['vec']:7.2f} {rate['conv'] / rate['plain']:7.2f}"
                     f" {100 * bound / cycles:10.0f}%")
-        dw_geometry = geometry((1, 64, 28, 28), (64, 1, 3, 3), 1, 1, 1, 64, block=kern.nr)
+        dw_geometry = Geometry.of(ConvParams((1, 64, 28, 28), (64, 1, 3, 3), 1, 1, 1, 64), block=kern.nr)
         dw = hot_loop(conv2d_int8.build(dw_geometry, isa, "int8", ZP_X)[0], isa)
         gemm_plan = conv2d_int8.Int8Plan(dw_geometry, conv2d_int8.conv_kernel(isa), False)
         useful = 1 / (gemm_plan.cp * gemm_plan.op)  # one channel in, one out, per group

@@ -27,11 +27,11 @@ def check_tools() -> int:
     import shutil
 
     from microkernels import mca
-    from schedules import emulate
+    from schedules.emulation import qemu
 
     failed = 0
-    for arch, tc in emulate.ARCHES.items():
-        problem = emulate.toolchain_problem(arch)
+    for arch, tc in qemu.ARCHES.items():
+        problem = qemu.toolchain_problem(arch)
         failed |= problem is not None
         print(f"{arch}: {problem or f'ok ({tc.gcc} -static, run under {tc.qemu})'}")
     where = shutil.which(mca.TOOL)
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         return 0
 
     from benchmarks import host
-    from schedules.targets import resolve, set_threads
+    from schedules.common.targets import resolve, set_threads
 
     log(host.describe())
 

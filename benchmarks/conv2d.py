@@ -25,9 +25,9 @@ import tvm
 
 import schedules
 from microkernels import Isa
-from schedules.conv2d import geometry
-from schedules.targets import require_host, set_threads
-from schedules.winograd import refusal
+from schedules.common.targets import require_host, set_threads
+from schedules.conv import ConvParams, Geometry
+from schedules.conv.winograd import refusal
 
 from .timing import seconds_per_call, settle
 
@@ -74,7 +74,7 @@ class Layer:
         kw = dict(stride=self.stride, padding=self.pad, groups=self.groups, target=f"x86-{isa.name}", threads=threads)
         if algorithm in ("direct", "auto"):
             return schedules.conv2d(*shapes, algorithm=algorithm, **kw)
-        if refusal(geometry(*shapes, stride=self.stride, padding=self.pad, groups=self.groups)):
+        if refusal(Geometry.of(ConvParams(*shapes, stride=self.stride, padding=self.pad, groups=self.groups))):
             return None
         return schedules.conv2d(*shapes, algorithm="winograd", tile=int(algorithm.removeprefix("wino")), **kw)
 
@@ -265,12 +265,12 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                         kind[0] += ours * layer.count
                         kind[1] += (ref or 0.0) * layer.count
                     p = op.plan
-                    plan = (f"F({p['tile']}) {p['bands']} bands of {p['tiles_per_band']} tiles, U {p['weight_bytes'] >> 10} KiB"
-                            if p["algorithm"] == "winograd" else
-                            f"depthwise, bands of {p['band_rows']} rows"
+                    plan = (f"F({p.tile}) {p.bands} bands of {p.tiles_per_band} tiles, U {p.weight_bytes >> 10} KiB"
+                            if p.algorithm == "winograd" else
+                            f"depthwise, bands of {p.band_rows} rows"
                             + (f", loop {loop_pct[layer.row]:.0f}% of bound" if layer.row in loop_pct else "")
-                            if p["algorithm"] == "depthwise" else
-                            f"{'bands' if p['band_parallel'] else 'blocks'} of {p['band_rows']} rows")
+                            if p.algorithm == "depthwise" else
+                            f"{'bands' if p.band_parallel else 'blocks'} of {p.band_rows} rows")
                     tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}" if ref is not None else f" {'-':>8s} {'-':>10s}"
                     rel = f"{ours / base:8.2f}"
                     # The path's time over the module's alone (direct rows of a non-kernel path).
@@ -283,8 +283,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                                  "ours_ms": ours * 1e3, "gflops": gf, "pct_peak": 100 * gf / peak,
                                  "torch_ms": ref * 1e3 if ref is not None else None,
                                  "ratio_vs_torch": ours / ref if ref is not None else None,
-                                 "ratio_vs_direct": ours / base, "ratio_vs_kernel": vs_kernel, "plan": p,
-                                 "loop_pct_bound": loop_pct.get(layer.row) if p["algorithm"] == "depthwise" else None})
+                                 "ratio_vs_direct": ours / base, "ratio_vs_kernel": vs_kernel, "plan": p.as_dict(),
+                                 "loop_pct_bound": loop_pct.get(layer.row) if p.algorithm == "depthwise" else None})
                 for algo, op in by_algo.items():  # a layer Winograd skips costs direct's time
                     if op is None:
                         tot_ours[algo] += base * layer.count

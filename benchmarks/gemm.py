@@ -12,7 +12,7 @@ from tvm.script import tirx as T
 import intrinsics
 import schedules
 from microkernels import MATMUL_TILES, FmaPeakKernel, GemmKernel, Isa, max_tiles
-from schedules.targets import require_host, set_threads
+from schedules.common.targets import require_host, set_threads
 
 from .timing import seconds_per_call, settle
 

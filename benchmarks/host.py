@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from microkernels.isa import host_cpuinfo
-from schedules.targets import host_caches
+from schedules.common.targets import host_caches
 
 
 def cpu_name() -> str:

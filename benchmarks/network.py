@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from microkernels import Isa
-from schedules.targets import require_host, set_threads
+from schedules.common.targets import require_host, set_threads
 
 ROUNDS = 3
 

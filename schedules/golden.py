@@ -13,8 +13,8 @@ from pathlib import Path
 
 from microkernels import ARM_ISAS, ISAS, asm
 
-from .conv2d import Conv2dOp, ConvBlocking, conv2d
-from .targets import PRESETS
+from .common.targets import PRESETS
+from .conv import ConvBlocking, conv2d
 
 DUMP_DIR = Path(__file__).resolve().parent.parent / "asm_dumps" / "conv2d"
 

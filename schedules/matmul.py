@@ -23,21 +23,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import intrinsics
 import numpy as np
 import tvm
-from tvm import s_tir, te
-
-import intrinsics
 from microkernels import MATMUL_TILES, GemmKernel, Isa
 from microkernels.f32_gemm import registers_needed
+from tvm import s_tir, te
 
-from .compiled import CompiledOp, check_operand, declare_user_aligned
-from .layouts import aligned_empty
-from .targets import check_elements, check_emulate, host_cache_bytes, positive_int, resolve, thread_count
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from .common.compiled import CompiledOp, check_operand, declare_user_aligned
+from .common.layouts import aligned_empty
+from .common.targets import (
+    check_elements,
+    check_emulate,
+    host_cache_bytes,
+    positive_int,
+    resolve,
+    thread_count,
+)
+from .common.tir import ceil_div
 
 
 @dataclass(frozen=True)
@@ -68,11 +71,11 @@ class Plan:
 
     @property
     def mt(self) -> int:
-        return _ceil_div(self.M, self.kernel.mr)
+        return ceil_div(self.M, self.kernel.mr)
 
     @property
     def nt(self) -> int:
-        return _ceil_div(self.N, self.kernel.nr)
+        return ceil_div(self.N, self.kernel.nr)
 
     @property
     def crop(self) -> bool:
@@ -96,12 +99,12 @@ def _options(M: int, N: int, K: int, isa: Isa):
     again)."""
     pack = PACK_FLOPS_PER_LANE * isa.lanes
     for mr, nr, efficiency in MATMUL_TILES[isa.name]:
-        per_row = 2 * _ceil_div(N, nr) * nr * K / efficiency
+        per_row = 2 * ceil_div(N, nr) * nr * K / efficiency
         tail = M % mr + (mr if M % mr == 1 else 0)  # a 1-row tile cannot be tensorized
         if tail == 0:
             yield per_row * M, (mr, nr), "none"
             continue
-        yield per_row * _ceil_div(M, mr) * mr + pack * M * K, (mr, nr), "pack"
+        yield per_row * ceil_div(M, mr) * mr + pack * M * K, (mr, nr), "pack"
         if tail < M:
             yield per_row * (M - tail + TAIL_SLOWDOWN * tail) + pack * K * N, (mr, nr), "tail"
 
@@ -122,11 +125,11 @@ def plan(M: int, N: int, K: int, isa: Isa, kernel: GemmKernel | None = None,
             kernel, split = GemmKernel(isa, mr, nr), how == "tail"
     # As few K slices as keep a B panel in L2, and a count that divides K where one close by
     # does: slices that overhang K need a zero-padded (packed) A.
-    least = _ceil_div(K, blocking.kc_limit(kernel.nr))
+    least = ceil_div(K, blocking.kc_limit(kernel.nr))
     nk = next((n for n in range(least, least + 8) if K % n == 0), least)
     # TIR drops a reduction loop of extent 1, which then no longer matches the intrinsic's
     # description; K = 1 gets one zero-padded step instead (and so a packed A).
-    kc = max(_ceil_div(K, nk), 2)
+    kc = max(ceil_div(K, nk), 2)
     tail = M % kernel.mr
     tail += kernel.mr if tail == 1 else 0
     if nk * kc != K or (tail and (not split or tail >= M)):

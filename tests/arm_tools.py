@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from microkernels import mca
-from schedules import emulate
+from schedules.emulation import qemu as emulate
 
 
 def _unavailable(reason: str) -> None:

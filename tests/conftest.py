@@ -51,7 +51,7 @@ def rng():
 @pytest.fixture(autouse=True, scope="session")
 def _toolchain_errors_fail_fast():
     """Turn emulate.ToolchainError, raised inside any test, into arm_tools.ToolchainBroken."""
-    from schedules import emulate
+    from schedules.emulation import qemu as emulate
 
     from .arm_tools import ToolchainBroken
 
@@ -93,7 +93,7 @@ class Spy:
 
 def unaligned(a: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of `a` whose data starts 4 bytes past a 64-byte boundary."""
-    from schedules.layouts import aligned_empty, is_aligned
+    from schedules.common.layouts import aligned_empty, is_aligned
 
     raw = aligned_empty((a.size + 16,))
     v = raw[1:1 + a.size].reshape(a.shape)

@@ -11,7 +11,7 @@ import numpy as np
 import tvm
 
 from microkernels import ISAS, Isa
-from schedules import bochs
+from schedules.emulation import bochs
 
 FORCE = os.environ.get("MK_EMULATE_AVX512") == "1"
 

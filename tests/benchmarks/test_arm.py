@@ -14,8 +14,8 @@ from benchmarks import arm
 from intrinsics.int_mac import tile_module
 from microkernels import ARM_ISAS, asm, mca
 from microkernels.int_mac import default_mac_kernel
-from schedules import conv2d_int8
-from schedules.conv2d import geometry
+from schedules.conv import ConvParams, Geometry
+from schedules.conv import int8_arm as conv2d_int8
 
 from ..arm_tools import require_mca
 
@@ -37,7 +37,7 @@ def test_tile_k_loop_reaches_3_macs_per_cycle(isa_name):
 def test_conv_hot_loop_beats_llvm_vectorization(isa_name):
     require_mca()
     isa = ARM_ISAS[isa_name]
-    g = geometry(*LAYER, block=conv2d_int8.conv_kernel(isa).nr)
+    g = Geometry.of(ConvParams(*LAYER), block=conv2d_int8.conv_kernel(isa).nr)
     ours = arm.hot_loop(conv2d_int8.build(g, isa, "int8", 3)[0], isa)
     vec = arm.hot_loop(conv2d_int8.build(g, isa, "int8", 3, tensorize=False)[0], isa)
     plain = arm.hot_loop(arm.plain_module(g, 3, -2), isa)

@@ -1,8 +1,6 @@
 """schedules.conv2d with algorithm="direct": numerics over awkward layers, its plan, the blocked fast path,
 refused inputs. (The default, "auto", runs Winograd on some 3x3 layers: test_winograd.py covers it.)"""
 
-import importlib
-
 import numpy as np
 import tvm
 import pytest
@@ -11,12 +9,12 @@ from hypothesis import strategies as st
 
 import schedules
 from microkernels import DEFAULT_TILES, best_host_isa
-from schedules import layouts
-from schedules.conv2d import ConvBlocking, _segments, geometry  # `schedules.conv2d` itself is the function
+from schedules.common import layouts
+from schedules.conv import ConvBlocking, ConvParams, Geometry, direct
+from schedules.conv import geometry as geometry_module
+from schedules.conv.geometry import segments
 
 from .. import conv_reference
-
-conv2d_module = importlib.import_module("schedules.conv2d")
 
 HOST = f"x86-{best_host_isa().name}"
 MR, NR = DEFAULT_TILES[best_host_isa().name]
@@ -157,19 +155,19 @@ def test_output_width_one_past_the_tile(rng, tiles):
 @pytest.fixture
 def l2_512k(monkeypatch):
     """The host's L2 as 512 KiB, whatever it is, for the tests that cross its budgets."""
-    monkeypatch.setattr(conv2d_module, "host_cache_bytes", lambda level, default: 512 * 1024)
+    monkeypatch.setattr(geometry_module, "host_cache_bytes", lambda level, default: 512 * 1024)
 
 
 def test_blocking_follows_the_hosts_l2(monkeypatch):
     """ConvBlocking() sizes its budgets from sysfs (512 KiB where it is silent); a 400 KiB input
     is packed whole under a 1 MiB L2 and cut into bands under a 512 KiB one."""
-    g = geometry((1, 64, 40, 40), (64, 64, 3, 3), padding=1)
+    g = Geometry.of(ConvParams((1, 64, 40, 40), (64, 64, 3, 3), padding=1))
     for l2, whole in ((1 << 20, True), (512 * 1024, False)):
-        monkeypatch.setattr(conv2d_module, "host_cache_bytes", lambda level, default, l2=l2: l2)
+        monkeypatch.setattr(geometry_module, "host_cache_bytes", lambda level, default, l2=l2: l2)
         assert ConvBlocking().image_budget == l2 // 2
-        vh, band_parallel = conv2d_module._bands(g, ConvBlocking(), 1)
+        vh, band_parallel = direct.bands(g, ConvBlocking(), 1)
         assert (vh == 40 and not band_parallel) == whole
-    monkeypatch.setattr(conv2d_module, "host_cache_bytes", lambda level, default: default)
+    monkeypatch.setattr(geometry_module, "host_cache_bytes", lambda level, default: default)
     assert ConvBlocking().l2 == 512 * 1024
 
 
@@ -178,10 +176,10 @@ def test_bands_that_do_not_split_evenly_split_output_blocks(rng):
     blocks instead. Where they split evenly (1 thread, or 14 rows), the threads split bands."""
     shapes = (1, 256, 14, 14), (128, 256, 1, 1)
     small = ConvBlocking(l2_bytes=64 * 1024)  # bands of one output row (13 KiB of input each)
-    g = geometry(*shapes, stride=2)
-    assert conv2d_module._bands(g, small, 2) == (1, False)
-    assert conv2d_module._bands(g, small, 1) == (1, True)
-    assert conv2d_module._bands(geometry(*shapes), small, 2)[1] is True
+    g = Geometry.of(ConvParams(*shapes, stride=2))
+    assert direct.bands(g, small, 2) == (1, False)
+    assert direct.bands(g, small, 1) == (1, True)
+    assert direct.bands(Geometry.of(ConvParams(*shapes)), small, 2)[1] is True
     x, w = _inputs(rng, *shapes)
     two = schedules.conv2d(*shapes, stride=2, target=HOST, threads=2, algorithm="direct", blocking=small)
     assert (two.plan["band_rows"], two.plan["band_parallel"]) == (1, False)
@@ -319,10 +317,10 @@ def test_bad_arguments(kwargs, exc, msg):
 
 
 def test_geometry_validates_without_compiling():
-    g = geometry((1, 4, 8, 8), (8, 4, 3, 3), stride=2, padding=(1, 0, 2, 1))
+    g = Geometry.of(ConvParams((1, 4, 8, 8), (8, 4, 3, 3), stride=2, padding=(1, 0, 2, 1)))
     assert g.out_hw == (5, 4)
     with pytest.raises(ValueError, match="larger than the padded input"):
-        geometry((1, 4, 2, 8), (8, 4, 3, 3))
+        Geometry.of(ConvParams((1, 4, 2, 8), (8, 4, 3, 3)))
 
 
 @pytest.fixture(scope="module")
@@ -372,7 +370,7 @@ def test_output_tiles_are_not_zero_filled_before_the_kernel(algorithm, rng):
     op = schedules.conv2d(x.shape, w.shape, padding=1, target=HOST, algorithm=algorithm, threads=1)
     ll = op.lib.mod.inspect_source("ll")
     plan = op.plan
-    rows = plan["segments"] if algorithm == "direct" else _segments(plan["tiles_per_band"], plan["mr"])
+    rows = plan.segments if algorithm == "direct" else segments(plan.tiles_per_band, plan.mr)
     tile_bytes = {t * NR * 4 for _, _, t in rows if t >= 2}  # the heights this plan's tiles have
     fills = [int(n) for n in re.findall(r"call void @llvm\.memset[^(]*\([^,]*, i8 0, i64 (\d+)", ll)]
     assert not tile_bytes & set(fills), f"zero fills of an output tile's size: {fills}"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import schedules
 from microkernels import asm
-from schedules.conv2d_int8 import MAX_K, MAX_K_DOT, MAX_PRODUCT
+from schedules.conv.int8_arm import MAX_K, MAX_K_DOT, MAX_PRODUCT
 
 from .. import conv_reference
 from ..arm_tools import require_emulator

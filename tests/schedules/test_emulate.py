@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import s_tir, te
 
-from schedules import emulate
+from schedules.emulation import qemu as emulate
 
 from ..arm_tools import ToolchainBroken, require_emulator
 

@@ -109,24 +109,6 @@ def test_plan_weighs_padding_packing_and_a_tail_op(isa, M, N, K, tile, how):
     assert ((p.kernel.mr, p.kernel.nr), got) == (tile, how)
 
 
-def test_host_cache_bytes_reads_sysfs(tmp_path, monkeypatch):
-    from schedules import targets
-
-    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2M")]):
-        d = tmp_path / f"index{i}"
-        d.mkdir()
-        for name, value in (("level", level), ("type", kind), ("size", size)):
-            (d / name).write_text(f"{value}\n")
-    monkeypatch.setattr(targets, "CACHE_DIR", tmp_path)
-    targets.host_caches.cache_clear()
-    try:
-        assert targets.host_cache_bytes(1, 0) == 48 * 1024  # the data cache, not the instruction one
-        assert targets.host_cache_bytes(2, 0) == 2 << 20
-        assert targets.host_cache_bytes(3, 123) == 123  # sysfs silent: the default
-    finally:
-        targets.host_caches.cache_clear()
-
-
 def test_plan_slices_k_to_keep_a_b_panel_in_half_of_l2(monkeypatch):
     monkeypatch.setattr(matmul_module, "host_cache_bytes", lambda level, default: 1 << 20)
     assert Blocking().kc_limit(32) == 4096  # 4096 x 32 floats = 512 KiB
@@ -192,16 +174,6 @@ def test_avx512_on_a_host_without_it_raises(monkeypatch):
     assert "zmm" in op.asm
     with pytest.raises(UnsupportedHostError, match="avx512f"):
         op(np.zeros((8, 8), np.float32), np.zeros((8, 8), np.float32))
-
-
-def test_native_picks_the_widest_isa_the_host_runs(monkeypatch):
-    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    assert schedules.resolve("native") is ISAS["avx2"]
-    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
-    assert schedules.resolve("native") is ISAS["avx512"]
-    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"sse2"}))
-    with pytest.raises(RuntimeError, match="neither AVX-512F nor AVX2"):
-        schedules.resolve("native")
 
 
 @pytest.mark.parametrize(

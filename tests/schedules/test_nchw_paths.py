@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import schedules
 from schedules import aligned_empty, layouts
-from schedules.layouts import is_aligned
+from schedules.common.layouts import is_aligned
 from microkernels.isa import best_host_isa
 
 from ..conftest import Spy, unaligned

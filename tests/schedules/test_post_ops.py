@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedules
-from schedules.conv2d import PostOps
+from schedules.conv import PostOps
 
 from .test_conv2d import EPS, HOST, ref_conv2d
 

@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from schedules.relax_int8 import legalize_int8_conv2d
+from schedules.relax import legalize_int8_conv2d
 
 from .. import conv_reference
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 import schedules
 from microkernels import ISAS, asm, best_host_isa
 from microkernels import f32_wino as wino
-from schedules import winograd
-from schedules.conv2d import _segments, geometry
+from schedules.conv import ConvParams, Geometry, winograd
+from schedules.conv.geometry import segments
 
 from .. import conv_reference
 
@@ -133,14 +133,14 @@ def test_bad_kernel_tile_and_algorithm_refused():
 def test_geometry_refusal_precedes_winograd():
     with pytest.raises(ValueError, match="larger than the padded input"):
         schedules.conv2d((1, 8, 2, 2), (8, 8, 3, 3), algorithm="winograd", target=HOST)
-    assert geometry((1, 8, 2, 2), (8, 8, 3, 3), padding=1).out_hw == (2, 2)
+    assert Geometry.of(ConvParams((1, 8, 2, 2), (8, 8, 3, 3), padding=1)).out_hw == (2, 2)
 
 
 @pytest.mark.parametrize("hw, want", [(56, 4), (28, 4), (14, 2), (7, None)])
 def test_auto_follows_the_measured_rule(hw, want):
     """ResNet-50's 3x3 stride-1 maps: F(4) down to 28x28, F(2) at 14x14, direct at 7x7 (the
     measurements behind it are in winograd.choose); it is the default for float32."""
-    g = geometry((1, 16, hw, hw), (16, 16, 3, 3), padding=1)
+    g = Geometry.of(ConvParams((1, 16, hw, hw), (16, 16, 3, 3), padding=1))
     tile, reason = winograd.choose(g)
     assert tile == want, reason
     op = schedules.conv2d((1, 16, hw, hw), (16, 16, 3, 3), padding=1, target=HOST)  # algorithm="auto"
@@ -184,7 +184,7 @@ def test_gemm_k_loops_are_the_tile_and_transforms_stay_loops(m, isa_name):
     transforms = [lp for lp in loops if lp.count("vadd") or lp.count("vsub")]
     gemms = [lp for lp in loops if lp not in transforms]
     nv = wino.BLOCK // isa.lanes
-    heights = {t for _, _, t in _segments(op.plan["tiles_per_band"], op.plan["mr"]) if t >= 2}
+    heights = {t for _, _, t in segments(op.plan.tiles_per_band, op.plan.mr) if t >= 2}
     seen = set()
     for lp in gemms:
         mr = lp.count("vfmadd") // nv

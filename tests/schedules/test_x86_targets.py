@@ -14,8 +14,8 @@ import pytest
 
 import schedules
 from microkernels import AVX512, GemmKernel
-from schedules import bochs
-from schedules.conv2d import ConvBlocking
+from schedules.conv import ConvBlocking
+from schedules.emulation import bochs
 
 from ..conftest import assert_close_f32
 from ..x86_exec import X86, X86_IDS, emulated

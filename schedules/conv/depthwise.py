@@ -14,27 +14,27 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import s_tir
-from tvm.script import parser
-from tvm.script import tirx as T
 
 from intrinsics.f32_conv import element_body
 from intrinsics.f32_dwconv import DwRow, register_dw
 from microkernels import Isa
 from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
 
-from . import layouts
-from .conv2d import Conv2dOp, ConvBlocking, Geometry, PostOps, _ceil_div
-from .targets import check_array
+from ..common import layouts
+from ..common.targets import check_array
+from ..common.tir import buffer, ceil_div, header, padded_pack, parse, region
+from .geometry import ConvBlocking, Geometry, PostOps
+from .op import Conv2dOp
+from .plans import DepthwisePlan, largest_divisor
 
 
 def applies(g: Geometry) -> bool:
-    """A depthwise layer: one input channel per group."""
-    return g.groups == g.c and g.groups > 1 and g.cg == 1
+    return g.depthwise
 
 
 def shapes(g: Geometry) -> dict[str, tuple]:
     oh, ow = g.out_hw
-    cb, ob = _ceil_div(g.c, BLOCK), _ceil_div(g.o, BLOCK)
+    cb, ob = ceil_div(g.c, BLOCK), ceil_div(g.o, BLOCK)
     return {"data": (g.n, cb, g.h, g.w, BLOCK), "weight": (ob, g.kh, g.kw, BLOCK), "bias": (ob, BLOCK),
             "out": (g.n, ob, oh, ow, BLOCK)}
 
@@ -45,14 +45,14 @@ def _band_rows(g: Geometry, blocking: ConvBlocking, threads: int) -> int:
     quarter of L2."""
     oh, ow = g.out_hw
     row_bytes = g.input_cols(ow) * BLOCK * 4
-    jobs = g.n * _ceil_div(g.o, BLOCK)
+    jobs = g.n * ceil_div(g.o, BLOCK)
     if g.input_rows(oh) * row_bytes <= blocking.image_budget and jobs >= threads:
         return oh
-    fits = [d for d in range(1, oh + 1) if oh % d == 0 and g.input_rows(d) * row_bytes <= blocking.band_budget]
-    return max(fits) if fits else 1
+    return largest_divisor(oh, lambda d: g.input_rows(d) * row_bytes <= blocking.band_budget) or 1
 
 
-def _render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[str, DwRow | None]:
+def render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[list[str], DwRow | None]:
+    """TVMScript lines of the whole layer, and the row kernel to tensorize (None: plain TIR)."""
     s = shapes(g)
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
@@ -60,34 +60,27 @@ def _render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[str, DwRow |
     ob, nb = s["out"][1], oh // vh
     mult = g.o // g.c
     ph, pw = g.input_rows(vh), g.input_cols(ow)
-    full = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
     ep = post.epilogue
-    params = (f"D: T.Buffer({s['data']}, 'float32'), Wt: T.Buffer({s['weight']}, 'float32'),"
-              + (f" Bias: T.Buffer({s['bias']}, 'float32')," if ep.bias else "")
-              + f" Out: T.Buffer({s['out']}, 'float32')")
     ch = f"((vo * {BLOCK} + vl) // {mult})" if mult > 1 else f"(vo * {BLOCK} + vl)"
     row = f"vyb * {vh * sh} + vr - {top}"
     col = f"vx - {left}"
-    L = [
-        "@T.prim_func(s_tir=True)",
-        f"def main({params}):",
-        "    T.func_attr({'tirx.noalias': True})",
+    L = header([buffer("D", s["data"]), buffer("Wt", s["weight"]), *([buffer("Bias", s["bias"])] if ep.bias else []),
+                buffer("Out", s["out"])])
+    L += [
         f"    for job in T.parallel({g.n * ob * nb}):",
         "        with T.sblock('band'):",
         f"            vn = T.axis.spatial({g.n}, job // {ob * nb})",
         f"            vo = T.axis.spatial({ob}, job // {nb} % {ob})",
         f"            vyb = T.axis.spatial({nb}, job % {nb})",
-        f"            T.reads(D[vn, {full(s['data'][1:])}], Wt[vo, {full(s['weight'][1:])}]"
+        f"            T.reads(D[vn, {region(s['data'][1:])}], Wt[vo, {region(s['weight'][1:])}]"
         + (f", Bias[vo, 0:{BLOCK}])" if ep.bias else ")"),
         f"            T.writes(Out[vn, vo, vyb * {vh}:vyb * {vh} + {vh}, 0:{ow}, 0:{BLOCK}])",
         f"            P = T.alloc_buffer(({ph}, {pw}, {BLOCK}), 'float32')",
-        f"            for r, x, l in T.grid({ph}, {pw}, {BLOCK}):",
-        "                with T.sblock('pack'):",
-        "                    vr, vx, vl = T.axis.remap('SSS', [r, x, l])",
-        "                    P[vr, vx, vl] = T.if_then_else(",
-        f"                        0 <= {row} and {row} < {g.h} and 0 <= {col} and {col} < {g.w}"
-        f" and vo * {BLOCK} + vl < {g.o},",
-        f"                        D[vn, {ch} // {BLOCK}, {row}, {col}, {ch} % {BLOCK}], T.float32(0))",
+    ]
+    L += padded_pack(12, "P", [("r", ph), ("x", pw), ("l", BLOCK)],
+                     f"0 <= {row} and {row} < {g.h} and 0 <= {col} and {col} < {g.w} and vo * {BLOCK} + vl < {g.o}",
+                     f"D[vn, {ch} // {BLOCK}, {row}, {col}, {ch} % {BLOCK}]")
+    L += [
         f"            for yi, x, l in T.grid({vh}, {ow}, {BLOCK}):",
         "                with T.sblock('dw'):",
         "                    vyi, vx, vl = T.axis.remap('SSS', [yi, x, l])",
@@ -102,7 +95,7 @@ def _render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[str, DwRow |
     if ow >= 2 and red:
         kern = DwKernel(isa, g.kh, g.kw, row_mr(isa, g.kh, g.kw, ow, ep), ep)
         tile = DwRow(kern, ow, sw, dh, dw, post.clip)
-    return "\n".join(L) + "\n", tile
+    return L, tile
 
 
 class DepthwiseConv2dOp(Conv2dOp):
@@ -149,13 +142,14 @@ class DepthwiseConv2dOp(Conv2dOp):
         return layouts.aligned(full.reshape(self.bias_shape))
 
 
-def schedule_depthwise(g: Geometry, isa: Isa, threads: int, blocking: ConvBlocking,
-                       post: PostOps) -> tuple[tvm.IRModule, dict]:
+def schedule(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threads: int,
+             reason: str) -> tuple[tvm.IRModule, DepthwisePlan]:
+    """The layer's tensorized module (not compiled) and its plan; threads: the pool it divides."""
     if post.residual:
         raise ValueError("a depthwise conv2d fuses bias and an activation, not a residual")
     vh = _band_rows(g, blocking, threads)
-    text, tile = _render(g, isa, vh, post)
-    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    lines, tile = render(g, isa, vh, post)
+    sch = s_tir.Schedule(parse(lines))
     if tile is not None:
         sch.tensorize(sch.get_loops(sch.get_sblock("dw"))[-2], register_dw(tile))
     elif g.kh * g.kw == 1:
@@ -163,6 +157,6 @@ def schedule_depthwise(g: Geometry, isa: Isa, threads: int, blocking: ConvBlocki
         # (left to itself, LLVM vectorized along the pixels with gathers and scatters).
         sch.vectorize(sch.get_loops(sch.get_sblock("dw"))[-1])
     sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
-    plan = {"algorithm": "depthwise", "band_rows": vh, "multiplier": g.o // g.c,
-            "kernel": tile.kern.name if tile else None}
+    plan = DepthwisePlan("depthwise", reason, band_rows=vh, multiplier=g.o // g.c,
+                         kernel=tile.kern.name if tile else None)
     return sch.mod, plan

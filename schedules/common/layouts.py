@@ -17,12 +17,10 @@ import math
 
 import numpy as np
 
+from .tir import ceil_div, header, parse
 
 ALIGN = 64  # bytes: what TVM's DLPack import demands, and its generated code assumes
 
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def aligned_empty(shape, dtype="float32") -> np.ndarray:
@@ -55,7 +53,7 @@ def to_nchwc(x: np.ndarray, block: int, groups: int = 1) -> np.ndarray:
     """NCHW -> (N, groups*ceil(C/groups/block), H, W, block), each group zero-padded to blocks."""
     n, c, h, w = x.shape
     cg = c // groups
-    cb = _ceil_div(cg, block)
+    cb = ceil_div(cg, block)
     out = np.zeros((n, groups, cb * block, h, w), x.dtype)
     out[:, :, :cg] = x.reshape(n, groups, cg, h, w)
     out = out.reshape(n, groups * cb, block, h, w).transpose(0, 1, 3, 4, 2)
@@ -74,7 +72,7 @@ def pack_weights(w: np.ndarray, in_block: int, out_block: int, groups: int = 1) 
     """OIHW (O, C/groups, KH, KW) -> (groups*OB, IB, KH, KW, in_block, out_block), zero-padded."""
     o, cg, kh, kw = w.shape
     og = o // groups
-    ob, ib = _ceil_div(og, out_block), _ceil_div(cg, in_block)
+    ob, ib = ceil_div(og, out_block), ceil_div(cg, in_block)
     full = np.zeros((groups, ob * out_block, ib * in_block, kh, kw), w.dtype)
     full[:, :og, :cg] = w.reshape(groups, og, cg, kh, kw)
     t = full.reshape(groups, ob, out_block, ib, in_block, kh, kw).transpose(0, 1, 3, 5, 6, 4, 2)
@@ -93,16 +91,14 @@ def pack_weights(w: np.ndarray, in_block: int, out_block: int, groups: int = 1) 
 # TVM's code assumes no more and a numpy array goes in as it is (`user_operand`), however
 # numpy aligned it; the blocked side is TVM's own 64-byte aligned memory.
 
-def _compile(text: str, name: str, isa, parallel: int, split: int = 0):
+def _compile(text: list[str], name: str, isa, parallel: int, split: int = 0):
     """Parse, schedule and compile one transform; return its entry function. parallel: how many
     outer loops to fuse into the parallel loop. split: split loop 1 by this factor and move its
     inner part innermost (from_nchwc's channels -> lanes)."""
     import tvm
     from tvm import s_tir
-    from tvm.script import parser
-    from tvm.script import tirx as T
 
-    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    sch = s_tir.Schedule(parse(text))
     blk = sch.get_sblock(name)
     loops = sch.get_loops(blk)
     if split:
@@ -119,17 +115,14 @@ def _compile(text: str, name: str, isa, parallel: int, split: int = 0):
     return lib[name]  # the entry function (it keeps its module alive); calling it skips a lookup
 
 
-def _func(params: str, loops: list[tuple[str, int]], name: str, store: str) -> str:
+def _func(params: str, loops: list[tuple[str, int]], name: str, store: str) -> list[str]:
     names = [v for v, _ in loops]
-    return "\n".join([
-        "@T.prim_func(s_tir=True)",
-        f"def main({params}):",
-        "    T.func_attr({'tirx.noalias': True})",
+    return header([params]) + [
         f"    for {', '.join(names)} in T.grid({', '.join(str(e) for _, e in loops)}):",
         f"        with T.sblock('{name}'):",
         f"            {', '.join('v' + v for v in names)} = T.axis.remap('{'S' * len(names)}', [{', '.join(names)}])",
         f"            {store}",
-    ]) + "\n"
+    ]
 
 
 def compile_to_nchwc(shape: tuple, block: int, groups: int, isa, step: tuple[int, int] = (1, 1)):
@@ -138,12 +131,12 @@ def compile_to_nchwc(shape: tuple, block: int, groups: int, isa, step: tuple[int
     strided convolution without padding reads; the others of `out` are left as they were."""
     n, c, h, w = shape
     cg = c // groups
-    cb = _ceil_div(cg, block)
+    cb = ceil_div(cg, block)
     sh, sw = step
     ch = f"vb % {cb} * {block} + vl"
     params = (f"x: T.Buffer({shape}, 'float32', align=4), "
               f"out: T.Buffer({(n, groups * cb, h, w, block)}, 'float32')")
-    loops = [("i", n), ("b", groups * cb), ("y", _ceil_div(h, sh)), ("z", _ceil_div(w, sw)), ("l", block)]
+    loops = [("i", n), ("b", groups * cb), ("y", ceil_div(h, sh)), ("z", ceil_div(w, sw)), ("l", block)]
     store = (f"out[vi, vb, vy * {sh}, vz * {sw}, vl] = T.if_then_else({ch} < {cg}, "
              f"x[vi, vb // {cb} * {cg} + T.min({ch}, {cg - 1}), vy * {sh}, vz * {sw}], T.float32(0))")
     return _compile(_func(params, loops, "to_nchwc", store), "to_nchwc", isa, parallel=3)
@@ -165,7 +158,7 @@ def compile_pack_weights(shape: tuple, in_block: int, out_block: int, groups: in
     out_block)) on TVM tensors."""
     o, cg, kh, kw = shape
     og = o // groups
-    ob, ib = _ceil_div(og, out_block), _ceil_div(cg, in_block)
+    ob, ib = ceil_div(og, out_block), ceil_div(cg, in_block)
     packed = (groups * ob, ib, kh, kw, in_block, out_block)
     params = f"w: T.Buffer({shape}, 'float32', align=4), out: T.Buffer({packed}, 'float32')"
     loops = [("b", packed[0]), ("q", ib), ("r", kh), ("s", kw), ("i", in_block), ("j", out_block)]

@@ -41,8 +41,9 @@ from tvm.relax import PyExprMutator, expr_functor
 
 from microkernels import DEFAULT_TILES
 
-from .conv2d import Geometry, PostOps, schedule
-from .targets import resolve, thread_count
+from ..common.targets import resolve, thread_count
+from ..conv import ConvParams, Geometry, PostOps, schedule
+from ..conv.geometry import depthwise
 
 LOG = logging.getLogger("tvm_microkernels.relax")
 
@@ -93,7 +94,7 @@ class _Conv:
 
     @property
     def depthwise(self) -> bool:  # its kernel fuses bias and an activation, not a residual
-        return self.weight_shape[1] == 1 and self.data_shape[1] > 1 and int(self.call.attrs.groups) == self.data_shape[1]
+        return depthwise(self.data_shape[1], int(self.call.attrs.groups))
 
 
 def _attrs_ok(a, blocked: bool, block: int) -> bool:
@@ -268,12 +269,12 @@ class _Swap(PyExprMutator):
                 self.skip.update(conv.skipped)
                 self.ends[end] = conv
 
-    def _log(self, call, where: str, why: str, plan: dict | None = None) -> None:
+    def _log(self, call, where: str, why: str, algorithm: str | None = None, post: PostOps | None = None) -> None:
         a = call.attrs
         entry = {"data": _shape(call.args[0]), "weight": _shape(call.args[1]), "stride": [int(s) for s in a.strides],
                  "groups": int(a.groups), "runs_on": where, "reason": why}
-        if plan:
-            entry["algorithm"], entry["post_ops"] = plan["algorithm"], plan.get("post_ops", "")
+        if algorithm:
+            entry["algorithm"], entry["post_ops"] = algorithm, post.label
         self.report.append(entry)
         LOG.info("conv2d data %s weight %s stride %s groups %s: %s (%s)", entry["data"], entry["weight"],
                  entry["stride"], entry["groups"], where, why)
@@ -290,10 +291,10 @@ class _Swap(PyExprMutator):
 
     def _schedule(self, conv: _Conv, algorithm: str):
         a = conv.call.attrs
-        return schedule(conv.data_shape, conv.weight_shape, [int(s) for s in a.strides], [int(p) for p in a.padding],
-                        [int(d) for d in a.dilation], int(a.groups), target=self.target, algorithm=algorithm,
-                        threads=self.threads, bias=conv.bias is not None, residual=conv.residual is not None,
-                        activation=conv.activation, clip=conv.clip)
+        params = ConvParams(conv.data_shape, conv.weight_shape, [int(s) for s in a.strides],
+                            [int(p) for p in a.padding], [int(d) for d in a.dilation], int(a.groups))
+        post = PostOps(conv.bias is not None, conv.residual is not None, conv.activation, conv.clip)
+        return schedule(params, post_ops=post, target=self.target, algorithm=algorithm, threads=self.threads)
 
     def _lower(self, conv: _Conv) -> relax.Expr:
         data, weight = (self.visit_expr(x) for x in conv.call.args)
@@ -302,11 +303,11 @@ class _Swap(PyExprMutator):
         s = self._schedule(conv, algorithm)
         g: Geometry = s.geometry
         op = s.cls(g, s.isa, None, None, s.plan, s.post)
-        if conv.blocked and (tuple(g.data_shape) != _shape(data) or (s.plan["algorithm"] == "direct" and tuple(g.weight_shape) != _shape(weight))):
+        if conv.blocked and (tuple(g.data_shape) != _shape(data) or (s.plan.algorithm == "direct" and tuple(g.weight_shape) != _shape(weight))):
             raise AssertionError(f"ConvertLayout's blocked shapes {_shape(data)}, {_shape(weight)} are not ours "
                                  f"{g.data_shape}, {g.weight_shape}")
         # Weights: ConvertLayout + FoldConstant already packed a blocked conv's into our layout.
-        if s.plan["algorithm"] == "winograd" or not conv.blocked:
+        if s.plan.algorithm == "winograd" or not conv.blocked:
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
         args = [data if conv.blocked else self._to_blocked(data, op.blocked_data_shape[-1], g.c)]
@@ -316,18 +317,16 @@ class _Swap(PyExprMutator):
         if conv.residual is not None:
             res = self.visit_expr(conv.residual)
             args.append(res if conv.blocked else self._to_blocked(res, g.block, g.o))
-        key = (g, s.post, s.plan["algorithm"], s.plan.get("tile"))
+        key = (g, s.post, s.plan.algorithm, s.plan.get("tile"))
         gv = self.funcs.get(key)
         if gv is None:
             name = _func_name(g, s.plan, s.post)
             gv = self.builder_.add_func(s.mod["main"].with_attr("global_symbol", name), name)
             self.funcs[key] = gv
-        post = "+".join(p for p, on in (("bias", s.post.bias), ("residual", s.post.residual),
-                                         (s.post.activation or "", s.post.activation)) if on)
-        s.plan["post_ops"] = post
-        why = f"{s.plan['algorithm']}{' F' + str(s.plan['tile']) if s.plan.get('tile') else ''}" \
+        post = s.post.label
+        why = f"{s.plan.algorithm}{' F' + str(s.plan.tile) if s.plan.get('tile') else ''}" \
               f"{', fused ' + post if post else ''}{'' if conv.blocked else ', between layout transforms of its own'}"
-        self._log(conv.call, "ours", why, s.plan)
+        self._log(conv.call, "ours", why, s.plan.algorithm, s.post)
         out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
         if conv.blocked:
             return out
@@ -350,8 +349,8 @@ def _unblock_weights(w: np.ndarray, g: Geometry) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(0, 5, 1, 4, 2, 3).reshape(ob * bo, ib * bi, kh, kw)[:g.o, :g.c])
 
 
-def _func_name(g: Geometry, plan: dict, post: PostOps) -> str:
-    alg = f"wino{plan['tile']}" if plan["algorithm"] == "winograd" else plan["algorithm"]
+def _func_name(g: Geometry, plan, post: PostOps) -> str:
+    alg = f"wino{plan.tile}" if plan.algorithm == "winograd" else plan.algorithm
     fused = "".join(f"_{p}" for p, on in (("bias", post.bias), ("res", post.residual),
                                            (post.activation, post.activation)) if on)
     return (f"mk_conv2d_{alg}_n{g.n}c{g.c}h{g.h}w{g.w}_o{g.o}k{g.kh}x{g.kw}s{g.stride[0]}x{g.stride[1]}"

@@ -19,8 +19,6 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import s_tir
-from tvm.script import parser
-from tvm.script import tirx as T
 
 from intrinsics.beta0 import drop_dead_inits
 from intrinsics.f32_gemm import register as register_gemm
@@ -30,9 +28,13 @@ from intrinsics.f32_wino import value
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino
 
-from . import layouts
-from .conv2d import NO_POST_OPS, Conv2dOp, ConvBlocking, Geometry, PostOps, _ceil_div, _segments
-from .targets import check_array
+from ..common import layouts
+from ..common.targets import check_array
+from ..common.tir import buffer, ceil_div, ceil_to, header, parse, region
+from .geometry import NO_POST_OPS, ConvBlocking, Geometry, PostOps, segments
+from .op import Conv2dOp
+from .plans import WinogradPlan, largest_divisor
+from .templates import band_pack, post_params, post_reads
 
 BLOCK = wino.BLOCK
 TILES = tuple(sorted(wino.POINTS))
@@ -66,7 +68,7 @@ def choose(g: Geometry) -> tuple[int | None, str]:
         return None, f"direct: Winograd needs {why}"
     oh, ow = g.out_hw
     for m in (4, 2):
-        tiles = _ceil_div(oh, m) * _ceil_div(ow, m)
+        tiles = ceil_div(oh, m) * ceil_div(ow, m)
         if tiles >= AUTO_MIN_TILES:
             return m, f"F({m}x{m}): {tiles} output tiles per image >= {AUTO_MIN_TILES}"
     return None, f"direct: fewer than {AUTO_MIN_TILES} tiles of 2x2 per image"
@@ -85,11 +87,10 @@ def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[in
     the output blocks otherwise.
     """
     oh, ow = g.out_hw
-    th, tw = _ceil_div(oh, m), _ceil_div(ow, m)
-    alpha, cp = m + 2, _ceil_div(g.c, BLOCK) * BLOCK
+    th, tw = ceil_div(oh, m), ceil_div(ow, m)
+    alpha, cp = m + 2, ceil_to(g.c, BLOCK)
     v_bytes = lambda vt: alpha * alpha * vt * tw * cp * 4  # noqa: E731
-    divisors = [d for d in range(1, th + 1) if th % d == 0]
-    vt = max([d for d in divisors if v_bytes(d) <= blocking.image_budget] or [1])
+    vt = largest_divisor(th, lambda d: v_bytes(d) <= blocking.image_budget) or 1
     if v_bytes(th) <= blocking.l2 and th // vt > 1:
         vt = th
     bands = g.n * (th // vt)
@@ -100,42 +101,32 @@ def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[in
     return vt, False, True
 
 
-def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parallel: bool,
-            post: PostOps = NO_POST_OPS) -> tuple[str, list[tuple[str, str]]]:
-    """TVMScript of the whole layer, and the (block name, intrinsic) pairs to tensorize."""
+def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parallel: bool,
+           post: PostOps = NO_POST_OPS) -> tuple[list[str], list[tuple[str, str]]]:
+    """TVMScript lines of the whole layer, and the (block name, intrinsic) pairs to tensorize."""
     oh, ow = g.out_hw
     alpha = m + 2
-    th, tw = _ceil_div(oh, m), _ceil_div(ow, m)
+    th, tw = ceil_div(oh, m), ceil_div(ow, m)
     nbands, nt = th // vt, vt * tw
-    cb = _ceil_div(g.c, BLOCK)
+    cb = ceil_div(g.c, BLOCK)
     cp, ob = cb * BLOCK, g.ob
     ph, pw = vt * m + 2, tw * m + 2
-    top, left = g.pad[0], g.pad[1]
     bt, at = wino.transform_matrix("in", m), wino.transform_matrix("out", m)
     mr = DEFAULT_TILES[isa.name][0]
     u_shape = (ob, alpha, alpha, cp, BLOCK)
-    full = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
-    lane_ok = "" if g.bi == BLOCK else f" and vi < {g.bi}"
-    L = [
-        "@T.prim_func(s_tir=True)",
-        f"def main(D: T.Buffer({g.data_shape}, 'float32'), U: T.Buffer({u_shape}, 'float32'),"
-        f"{post.params(g)} Out: T.Buffer({g.out_shape}, 'float32')):",
-        "    T.func_attr({'tirx.noalias': True})",
+    L = header([buffer("D", g.data_shape), buffer("U", u_shape), *post_params(post, g), buffer("Out", g.out_shape)])
+    L += [
         f"    for nb in T.{'parallel' if band_parallel else 'serial'}({g.n * nbands}):",
         "        with T.sblock('band'):",
         f"            vn = T.axis.spatial({g.n}, nb // {nbands})",
         f"            vb = T.axis.spatial({nbands}, nb % {nbands})",
-        f"            T.reads(D[vn, {full(g.data_shape[1:])}], U[{full(u_shape)}]{post.band_reads(g)})",
-        f"            T.writes(Out[vn, {full(g.out_shape[1:])}])",
+        f"            T.reads(D[vn, {region(g.data_shape[1:])}], U[{region(u_shape)}]{post_reads(post, g)})",
+        f"            T.writes(Out[vn, {region(g.out_shape[1:])}])",
         f"            P = T.alloc_buffer(({cb}, {ph}, {pw}, {BLOCK}), 'float32')",
         f"            V = T.alloc_buffer(({alpha}, {alpha}, {nt}, {cp}), 'float32')",
-        f"            for q, r, x, i in T.grid({cb}, {ph}, {pw}, {BLOCK}):",
-        "                with T.sblock('pack'):",
-        "                    vq, vr, vx, vi = T.axis.remap('SSSS', [q, r, x, i])",
-        "                    P[vq, vr, vx, vi] = T.if_then_else(",
-        f"                        0 <= vb * {vt * m} + vr - {top} and vb * {vt * m} + vr - {top} < {g.h}"
-        f" and 0 <= vx - {left} and vx - {left} < {g.w}{lane_ok},",
-        f"                        D[vn, vq, vb * {vt * m} + vr - {top}, vx - {left}, vi], T.float32(0))",
+    ]
+    L += band_pack(g, "vb", vt * m, (cb, ph, pw, BLOCK), lanes_used=None if g.bi == BLOCK else g.bi)
+    L += [
         f"            for q, ty, tx, i, j, c in T.grid({cb}, {vt}, {tw}, {alpha}, {alpha}, {BLOCK}):",
         "                with T.sblock('wino_in'):",
         "                    vq, vty, vtx, vi, vj, vc = T.axis.remap('SSSSSS', [q, ty, tx, i, j, c])",
@@ -146,14 +137,14 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_paral
         # the blocks.
         "                with T.sblock('oblock'):",
         "                    vo = T.axis.spatial(%d, o)" % ob,
-        f"                    T.reads(V[{full((alpha, alpha, nt, cp))}], U[vo, {full(u_shape[1:])}]{post.band_reads(g)})",
-        f"                    T.writes(Out[vn, vo, {full(g.out_shape[2:])}])",
+        f"                    T.reads(V[{region((alpha, alpha, nt, cp))}], U[vo, {region(u_shape[1:])}]{post_reads(post, g)})",
+        f"                    T.writes(Out[vn, vo, {region(g.out_shape[2:])}])",
         f"                    M = T.alloc_buffer(({alpha}, {alpha}, {nt}, {BLOCK}), 'float32')",
         f"                    Y = T.alloc_buffer(({vt * m}, {tw * m}, {BLOCK}), 'float32')",
     ]
     inner = len(L)  # what follows sits inside 'oblock': indented once more below
     tensorized = [("wino_in", register_wino(wino.WinoKernel(isa, "in", m)))]
-    for si, (start, count, t) in enumerate(_segments(nt, mr)):
+    for si, (start, count, t) in enumerate(segments(nt, mr)):
         name = f"wino_gemm_{si}"
         loops, exts = (["tt", "mm"], [count, t]) if t >= 2 else (["tt"], [count])
         L += [
@@ -193,13 +184,13 @@ def _render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_paral
     ]
     tensorized.append(("wino_out", register_wino(wino.WinoKernel(isa, "out", m))))
     L[inner:] = ["    " + line for line in L[inner:]]
-    return "\n".join(L) + "\n", tensorized
+    return L, tensorized
 
 
 def blocked_weight_shape(g: Geometry, m: int) -> tuple:
     """U's shape: (output blocks, alpha, alpha, input channels padded to blocks, 16)."""
     alpha = m + 2
-    return (g.ob, alpha, alpha, _ceil_div(g.c, BLOCK) * BLOCK, BLOCK)
+    return (g.ob, alpha, alpha, ceil_to(g.c, BLOCK), BLOCK)
 
 
 class WinogradConv2dOp(Conv2dOp):
@@ -207,7 +198,7 @@ class WinogradConv2dOp(Conv2dOp):
 
     @property
     def tile(self) -> int:
-        return self.plan["tile"]
+        return self.plan.tile
 
     @property
     def blocked_weight_shape(self) -> tuple:
@@ -226,8 +217,8 @@ class WinogradConv2dOp(Conv2dOp):
         return layouts.aligned(full.reshape(alpha, alpha, cp, ob, BLOCK).transpose(3, 0, 1, 2, 4).astype(np.float32))
 
 
-def schedule_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: ConvBlocking,
-                      post: PostOps = NO_POST_OPS) -> tuple[tvm.IRModule, dict]:
+def schedule(g: Geometry, isa: Isa, m: int, post: PostOps, blocking: ConvBlocking, threads: int,
+             reason: str) -> tuple[tvm.IRModule, WinogradPlan]:
     """The layer's tensorized module (not compiled) and its plan; threads: the pool it divides."""
     why = refusal(g)
     if why:
@@ -237,8 +228,8 @@ def schedule_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: Con
     if g.block != BLOCK:
         raise ValueError(f"Winograd runs on {BLOCK}-channel blocks, got {g.block}")
     vt, band_parallel, o_parallel = _plan(g, m, blocking, threads)
-    text, tiles = _render(g, isa, m, vt, band_parallel, o_parallel, post)
-    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    lines, tiles = render(g, isa, m, vt, band_parallel, o_parallel, post)
+    sch = s_tir.Schedule(parse(lines))
     for name, intrin in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
         # A transform covers its block's last three loops (i, j, c), a GEMM tile its last three
@@ -250,8 +241,8 @@ def schedule_winograd(g: Geometry, isa: Isa, m: int, threads: int, blocking: Con
     gemms = [f"{name}_o" for name, _ in tiles if name.startswith("wino_gemm")]
     mod = drop_dead_inits(sch.mod, gemms)
     oh, ow = g.out_hw
-    plan = {"algorithm": "winograd", "tile": m, "band_tile_rows": vt, "band_parallel": band_parallel,
-            "block_parallel": o_parallel, "tiles_per_band": vt * _ceil_div(ow, m),
-            "bands": g.n * _ceil_div(oh, m) // vt, "mr": DEFAULT_TILES[isa.name][0],
-            "weight_bytes": 4 * int(np.prod(blocked_weight_shape(g, m)))}
+    plan = WinogradPlan("winograd", reason, tile=m, band_tile_rows=vt, band_parallel=band_parallel,
+                        block_parallel=o_parallel, tiles_per_band=vt * ceil_div(ow, m),
+                        bands=g.n * ceil_div(oh, m) // vt, mr=DEFAULT_TILES[isa.name][0],
+                        weight_bytes=4 * int(np.prod(blocked_weight_shape(g, m))))
     return mod, plan

@@ -32,15 +32,15 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 from tvm import s_tir
-from tvm.script import parser
-from tvm.script import tirx as T
 
-from intrinsics.int_conv import IntConvTile, reduce_axes, register_int_conv
+from intrinsics.int_conv import IntConvTile, register_int_conv
 from microkernels import Isa
 from microkernels.int_mac import MacKernel, default_mac_kernel
 
-from . import emulate
-from .targets import check_array
+from ..common.targets import check_array
+from ..common.tir import ceil_to, parse
+from ..emulation import qemu
+from .geometry import Geometry, Quantization
 
 # |x - zp_x| and |w - zp_w| are at most 255 for 8-bit data, so each product is at most 65025 in
 # magnitude, and a sum of K of them is exact in int32 while K * 65025 <= 2**31 - 1.
@@ -51,10 +51,6 @@ MAX_K = (2**31 - 1) // MAX_PRODUCT  # 33025
 MAX_K_DOT = (2**31 - 1) // (4 * 128 * 128)  # 32767
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
 DEPTHWISE_LANES = 8  # int16 channels per q register
-
-
-def _ceil_to(a: int, b: int) -> int:
-    return -(-a // b) * b
 
 
 def zero_point(name: str, zp, dtype: str) -> int:
@@ -98,11 +94,11 @@ class Int8Plan:
 
     @property
     def op(self) -> int:  # packed output channels per group
-        return _ceil_to(self.g.og, self.kern.nr)
+        return ceil_to(self.g.og, self.kern.nr)
 
     @property
     def ow_padded(self) -> int:
-        return self.g.out_hw[1] if self.depthwise else _ceil_to(self.g.out_hw[1], self.kern.mr)
+        return self.g.out_hw[1] if self.depthwise else ceil_to(self.g.out_hw[1], self.kern.mr)
 
     @property
     def packed_hw(self) -> tuple[int, int]:
@@ -114,7 +110,7 @@ class Int8Plan:
     def weight_shape(self) -> tuple:
         g = self.g
         if self.depthwise:
-            return (g.kh, g.kw, _ceil_to(g.c, DEPTHWISE_LANES))
+            return (g.kh, g.kw, ceil_to(g.c, DEPTHWISE_LANES))
         if self.dot:
             return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp // 4, self.kern.nr, 4)
         return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp, self.kern.nr)
@@ -170,7 +166,7 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     g = plan.g
     hp, wp = plan.packed_hw
     top, left = g.pad[0], g.pad[1]
-    cp = _ceil_to(g.c, DEPTHWISE_LANES) if plan.depthwise else plan.cp
+    cp = ceil_to(g.c, DEPTHWISE_LANES) if plan.depthwise else plan.cp
     conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
     if cp != (g.c if plan.depthwise else g.cg):
         conds.insert(0, f"vc < {g.c if plan.depthwise else g.cg}")
@@ -198,7 +194,7 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     ]
 
 
-def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool, zw8: int = 0) -> tuple[str, IntConvTile]:
+def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool, zw8: int = 0) -> tuple[list[str], IntConvTile]:
     """zw8: for sdot, the weights' zero point shifted to int8 (used in the expansion)."""
     g, kern = plan.g, plan.kern
     mr, nr, cp = kern.mr, kern.nr, plan.cp
@@ -268,15 +264,15 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool, zw8: 
         "            vn, vo, vy, vx = T.axis.remap('SSSS', [n, o, y, x])",
         f"            Out[vn, vo, vy, vx] = {out}",
     ]
-    return "\n".join(L) + "\n", tile
+    return L, tile
 
 
-def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> str:
+def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     g = plan.g
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
     hp, wp = plan.packed_hw
-    cp = _ceil_to(g.c, DEPTHWISE_LANES)
+    cp = ceil_to(g.c, DEPTHWISE_LANES)
     L = [
         "@T.prim_func(s_tir=True)",
         f"def main(D: T.Buffer(({g.n}, {g.c}, {g.h}, {g.w}), '{dtype}'),"
@@ -299,11 +295,13 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> str:
         "            vn, vc, vy, vx = T.axis.remap('SSSS', [n, c, y, x])",
         "            Out[vn, vc, vy, vx] = Acc[vn, vy, vx, vc]",
     ]
-    return "\n".join(L) + "\n"
+    return L
 
 
-def is_depthwise(g) -> bool:
-    return g.groups == g.c == g.o and g.groups > 1
+def is_depthwise(g: Geometry) -> bool:
+    """Depthwise with one output channel per input channel: what the lane-wise kernel computes
+    (a channel multiplier goes through the GEMM path)."""
+    return g.depthwise and g.o == g.c
 
 
 def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False) -> MacKernel:
@@ -321,7 +319,7 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
     depthwise = is_depthwise(g)
     plan = Int8Plan(g, conv_kernel(isa, dtype, depthwise), depthwise)
     if depthwise:
-        sch = s_tir.Schedule(parser.parse(_render_depthwise(plan, dtype, zp_x), extra_vars={"T": T}))
+        sch = s_tir.Schedule(parse(_render_depthwise(plan, dtype, zp_x)))
         blk = sch.get_sblock("conv")
         n, y, x, c, r, s = sch.get_loops(blk)
         co, ci = sch.split(c, [None, DEPTHWISE_LANES])
@@ -333,7 +331,7 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
         sch.vectorize(sch.get_loops(init)[-1])
         return sch.mod, plan
     text, tile = _render_gemm(plan, dtype, zp_x, tensorize, zp_w - _s8_shift(weight_dtype))
-    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T}))
+    sch = s_tir.Schedule(parse(text))
     blk = sch.get_sblock("conv")
     m = sch.get_loops(blk)[5]
     if tensorize:
@@ -365,7 +363,7 @@ class Int8Conv2dOp:
     def asm(self) -> str:
         return self.lib.mod.inspect_source("asm")
 
-    def build(self) -> "Int8Conv2dOp":  # conv2d.schedule's interface: already compiled
+    def build(self) -> "Int8Conv2dOp":  # dispatch.schedule's interface: already compiled
         return self
 
     @property
@@ -396,13 +394,16 @@ class Int8Conv2dOp:
             check_array(f"packed[{i}]", arr, shape, dt)
         self._check_legalized("data", data)
         out = np.zeros(self.out_shape, np.int32)
-        return emulate.run(self.lib, self.isa.arch, [data, *packed, out], [len(specs) + 1])[0]
+        return qemu.run(self.lib, self.isa.arch, [data, *packed, out], [len(specs) + 1])[0]
 
     def __call__(self, data: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return self.run_packed(data, self.pack_weights(weight))
 
 
-def conv2d_int8(g, isa: Isa, dtype: str, weight_dtype: str, input_zero_point, weight_zero_point) -> Int8Conv2dOp:
+def schedule(g: Geometry, isa: Isa, quant: Quantization) -> Int8Conv2dOp:
+    """The layer compiled for an ARM target (what conv2d returns there; compiling is cheap and
+    the op is run under qemu)."""
+    dtype, weight_dtype = quant.dtype, quant.weight_dtype
     for name, dt in (("dtype", dtype), ("weight_dtype", weight_dtype)):
         if dt not in ZERO_POINT_RANGE:
             raise ValueError(f"{name} {dt!r} is not supported on {isa.name} targets; "
@@ -410,8 +411,8 @@ def conv2d_int8(g, isa: Isa, dtype: str, weight_dtype: str, input_zero_point, we
     if (dtype == "int16") != (weight_dtype == "int16"):
         raise ValueError(f"dtype {dtype!r} with weight_dtype {weight_dtype!r}: int16 is the legalized, "
                          "zero-point-free form, for data and weights together")
-    zp_x = zero_point("input_zero_point", input_zero_point, dtype)
-    zp_w = zero_point("weight_zero_point", weight_zero_point, weight_dtype)
+    zp_x = zero_point("input_zero_point", quant.input_zero_point, dtype)
+    zp_w = zero_point("weight_zero_point", quant.weight_zero_point, weight_dtype)
     k = g.cg * g.kh * g.kw
     if k > MAX_K:
         raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K}, the longest sum of "

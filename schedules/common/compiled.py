@@ -8,7 +8,7 @@ import tvm_ffi
 
 from microkernels import Isa
 
-from . import bochs
+from ..emulation import bochs
 from .layouts import aligned_empty, is_aligned
 from .targets import check_array, require_host, set_threads
 
@@ -75,14 +75,14 @@ class CompiledOp:
         self._host_checked = False
         self._entry = self._entry_of = None
 
-    def _main(self):
+    def entry(self):
         """The module's entry function, looked up once (calling the module looks it up on every
         call, a few microseconds)."""
         if self._entry_of is not self.lib:
             self._entry, self._entry_of = self.lib["main"], self.lib
         return self._entry
 
-    def _prepare(self) -> None:
+    def prepare(self) -> None:
         """Once per op: the host runs its ISA. Every call: the pool size (set_threads skips an
         unchanged one)."""
         if not self._host_checked:
@@ -105,7 +105,7 @@ class CompiledOp:
             if out is not None:
                 raise ValueError("an emulated op returns its output; out= is for native calls")
             return host + [np.full(out_shape, np.nan, np.float32)]
-        self._prepare()
+        self.prepare()
         if out is None:
             out = aligned_empty(out_shape)
         elif not (self.user_aligned or isinstance(out, tvm.runtime.Tensor) or is_aligned(out)):
@@ -118,7 +118,7 @@ class CompiledOp:
         """The output: a numpy array (a TVM tensor if one was passed as out=)."""
         if self.emulate:
             return bochs.run(self.lib, args, [len(args) - 1])[0]
-        self._main()(*args[:-1])
+        self.entry()(*args[:-1])
         return args[-1]
 
     def _time(self, args, number: int, repeat: int, cold: bool) -> list[float]:

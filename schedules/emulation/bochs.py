@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .emulate import DLPACK_CODE, _validate
+from .arguments import DLPACK_CODE, check_args
 
 HARNESS = Path(__file__).with_name("bochs_harness.c")
 PACKAGE = "bochscpu-python==0.3.1"  # 0.4.0 needs glibc 2.38 and does not import on Debian 12
@@ -189,8 +189,7 @@ def _segment(b, selector: int, attr: int):
 
 def run(lib, args: list[np.ndarray], outputs: list[int]) -> list[np.ndarray]:
     """Call `lib`'s "main" on `args` under Bochs; return copies of args[k] for k in `outputs`."""
-    for i, a in enumerate(args):
-        _validate(i, a)
+    check_args(args, outputs)
     b = _bochs()
     segments, symbols = link(lib)
     with _LOCK:

@@ -61,7 +61,7 @@ def check_emulate(emulate, isa: Isa) -> bool:
     if emulate:
         if isa.arch != "x86":
             raise ValueError(f"emulate=True runs x86 code on the Bochs CPU; {isa.name} runs under qemu already")
-        from . import bochs
+        from ..emulation import bochs
 
         why = bochs.available()
         if why:

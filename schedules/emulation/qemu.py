@@ -20,6 +20,8 @@ from typing import NamedTuple
 import numpy as np
 import tvm_ffi
 
+from .arguments import DLPACK_CODE, check_args
+
 
 class Toolchain(NamedTuple):
     gcc: str  # cross compiler command
@@ -40,7 +42,6 @@ PACKAGES = tuple(dict.fromkeys(p for t in ARCHES.values() for p in t.packages))
 INSTALL_HINT = "apt-get install " + " ".join(PACKAGES)
 HARNESS = Path(__file__).with_name("qemu_harness.c")
 TIMEOUT = 300  # seconds per qemu run; a hung kernel should fail a test, not stall CI
-DLPACK_CODE = {"i": 0, "u": 1, "f": 2}  # numpy kind -> DLPack kDLInt / kDLUInt / kDLFloat
 _LOCK = threading.Lock()
 
 # The self-check's program: C library headers, static libc and qemu, nothing of TVM's.
@@ -160,22 +161,10 @@ def _output(cmd: list[str], timeout: float | None = None, error=ToolchainError) 
     return proc.stdout
 
 
-def _validate(i: int, a) -> None:
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"args[{i}] must be a numpy.ndarray, got {type(a).__name__}")
-    if a.dtype.kind not in DLPACK_CODE or not a.dtype.isnative:
-        raise TypeError(f"args[{i}] has dtype {a.dtype}; expected a native-endian int, uint or float")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"args[{i}] must be C-contiguous")
-
 
 def run(lib, arch: str, args: list[np.ndarray], outputs: list[int]) -> list[np.ndarray]:
     """Call `lib`'s "main" on `args` under qemu; return copies of args[k] for k in `outputs`."""
-    for i, a in enumerate(args):
-        _validate(i, a)
-    for k in outputs:
-        if not 0 <= k < len(args):
-            raise IndexError(f"output index {k} out of range for {len(args)} args")
+    check_args(args, outputs)
     require_tools(arch)
     gcc, qemu, _ = ARCHES[arch]
     # Compiling the harness and linking touch only the toolchain: their failures are

@@ -1,0 +1,61 @@
+"""The pieces every TVMScript template in schedules/ spells the same way.
+
+The templates are text because TIR drops unit-extent loops and folds constant bindings when a
+PrimFunc is built from objects, and the tensorized blocks must keep exactly the loop and
+iterator structure of their intrinsic's description (a tile of MR = 1, a one-row band). Text
+keeps every loop the template writes; these helpers keep that text written once.
+"""
+
+from __future__ import annotations
+
+from tvm.script import parser
+from tvm.script import tirx as T
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def ceil_to(a: int, b: int) -> int:
+    """The least multiple of b that is >= a."""
+    return ceil_div(a, b) * b
+
+
+def region(shape) -> str:
+    """A whole buffer as a TVMScript region: "0:a, 0:b, ..."."""
+    return ", ".join(f"0:{e}" for e in shape)
+
+
+def buffer(name: str, shape, dtype: str = "float32") -> str:
+    """A parameter declaration of the entry function."""
+    return f"{name}: T.Buffer({tuple(shape)}, '{dtype}')"
+
+
+def header(params: list[str]) -> list[str]:
+    """The entry function's first lines. noalias: the operands never overlap, which lets LLVM
+    keep loads in registers across stores."""
+    return ["@T.prim_func(s_tir=True)", f"def main({', '.join(params)}):", "    T.func_attr({'tirx.noalias': True})"]
+
+
+def padded_pack(indent: int, dst: str, loops: list[tuple[str, int]], inside: str, value: str,
+                fill: str = "T.float32(0)") -> list[str]:
+    """A block 'pack' copying `value` into `dst` where `inside` holds and `fill` elsewhere: the
+    zero padding (or zero point) of a band's input written once, so the tiles that read it
+    need no bounds checks. `loops` are (loop var, extent); the block's iterators are the loop
+    vars prefixed with v, and `inside`/`value` are written in those."""
+    pad = " " * indent
+    names = [n for n, _ in loops]
+    iters = ", ".join("v" + n for n in names)
+    return [
+        f"{pad}for {', '.join(names)} in T.grid({', '.join(str(e) for _, e in loops)}):",
+        f"{pad}    with T.sblock('pack'):",
+        f"{pad}        {iters} = T.axis.remap('{'S' * len(names)}', [{', '.join(names)}])",
+        f"{pad}        {dst}[{iters}] = T.if_then_else(",
+        f"{pad}            {inside},",
+        f"{pad}            {value}, {fill})",
+    ]
+
+
+def parse(lines: list[str]):
+    """The PrimFunc of a template's lines."""
+    return parser.parse("\n".join(lines) + "\n", extra_vars={"T": T})

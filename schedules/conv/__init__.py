@@ -1,0 +1,12 @@
+"""conv2d: the layer as values (geometry), typed plans (plans), the compiled op (op), one module
+per family (direct, grouped, winograd, depthwise, int8_arm, each with applies() where a
+layer's shape decides it, and schedule()), and dispatch, which alone imports the families."""
+
+from .dispatch import conv2d, schedule, schedule_args
+from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
+from .op import BoundConv2d, Conv2dOp, Scheduled
+from .plans import DepthwisePlan, DirectPlan, Plan, WinogradPlan
+
+__all__ = ["BoundConv2d", "Conv2dOp", "ConvBlocking", "ConvParams", "DepthwisePlan", "DirectPlan", "Geometry",
+           "NO_POST_OPS", "Plan", "PostOps", "Quantization", "Scheduled", "WinogradPlan", "conv2d",
+           "schedule", "schedule_args"]

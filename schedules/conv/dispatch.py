@@ -1,0 +1,131 @@
+"""conv2d's one entry point: checks the arguments, picks the family that runs the layer, and
+schedules it. The only module that imports the families; they never import each other.
+
+Order of choice on x86 (float32): Winograd where `algorithm` asks for it (or "auto" finds it
+measured faster: winograd.choose), else depthwise (one input channel per group), else the
+direct conv, on wider groups with block-diagonal weights where the layer's groups are
+narrower than a block (grouped). The ARM targets run the quantized spatial pack (int8_arm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+from intrinsics.f32_conv import DEFAULT_CLIP
+from microkernels import DEFAULT_TILES
+
+from ..common.targets import check_emulate, dtype_name, resolve, thread_count
+from . import depthwise, direct, grouped, int8_arm, winograd
+from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
+from .op import Conv2dOp, Scheduled
+
+ALGORITHMS = ("auto", "direct", "winograd")
+
+# conv2d's keyword options beyond the layer, the dtype, the target and the algorithm, with
+# their defaults: each becomes part of one of the values schedule() takes.
+OPTIONS = {"threads": None, "blocking": ConvBlocking(), "tile": None, "emulate": False,
+           "bias": False, "residual": False, "activation": None, "clip": DEFAULT_CLIP,
+           "input_zero_point": None, "weight_zero_point": None, "weight_dtype": None}
+
+
+def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
+           target="native", algorithm="auto", **options):
+    """Compile a conv2d for NCHW data of `data_shape` and OIHW weights of `weight_shape`.
+
+    stride, dilation: int or (h, w). padding: int, (h, w) or (top, left, bottom, right).
+    target: "x86-avx512", "x86-avx2" or "native" (float32), or "armv7-neon", "aarch64-neon",
+    "aarch64-dotprod" (quantized: dtype "int8"/"uint8", int32 output of
+    sum (x - input_zero_point) * (w - weight_zero_point); weight_dtype defaults to "int8";
+    dtype "int16" takes data the legalize pass already widened).
+    algorithm (float32, x86): "auto" (Winograd where it applies and measured faster, else
+    direct; op.plan says which and why), "direct", or "winograd" with tile = 2, 4 or 6
+    (F(tile x tile, 3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only).
+    Keyword options (OPTIONS): threads, TVM's pool size while it runs (None: one per core; the
+    ARM targets run single-threaded); blocking, the cache budgets (ConvBlocking); tile;
+    bias, residual, activation, clip (float32, x86): post-ops fused into the output tiles'
+    store (PostOps): out = activation(conv + bias + residual), activation None, "relu" or
+    "clip" (to `clip`, ReLU6 by default), and the op then takes op(data, weight, bias=,
+    residual=); input_zero_point, weight_zero_point, weight_dtype (ARM, Quantization);
+    emulate (x86): calls run on the Bochs CPU, one thread: AVX-512 numerics on a host without it.
+    Returns a Conv2dOp (x86; a WinogradConv2dOp for Winograd) or an Int8Conv2dOp (ARM):
+    op(data, weight) -> NCHW output.
+    """
+    return schedule_args(data_shape, weight_shape, stride, padding, dilation, groups, dtype, target, algorithm,
+                         **options).build()
+
+
+def schedule_args(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
+                  target="native", algorithm="auto", **options):
+    """conv2d's checks and planning without the compile (same arguments): schedule() on the
+    values they make."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"conv2d() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                        f"it takes {', '.join(OPTIONS)}")
+    o = {**OPTIONS, **options}
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
+    dtype = dtype_name("dtype", dtype)
+    quant_args = (o["input_zero_point"], o["weight_zero_point"], o["weight_dtype"])
+    quant = None
+    if dtype != "float32" or any(a is not None for a in quant_args):
+        izp, wzp, wdt = quant_args
+        quant = Quantization(dtype, wdt, 0 if izp is None else izp, 0 if wzp is None else wzp)
+    post = PostOps(o["bias"], o["residual"], o["activation"], o["clip"])
+    return schedule(ConvParams(data_shape, weight_shape, stride, padding, dilation, groups), post_ops=post,
+                    quant=quant, target=target, algorithm=algorithm, tile=o["tile"], threads=o["threads"],
+                    blocking=o["blocking"], emulate=o["emulate"])
+
+
+def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quantization | None = None,
+             target="native", algorithm="auto", tile=None, threads=None, blocking: ConvBlocking = ConvBlocking(),
+             emulate=False):
+    """A Scheduled (planned and tensorized, not compiled) on the x86 float32 targets; on ARM
+    the compiled Int8Conv2dOp, whose build() returns itself. quant: None for float32."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
+    if tile is not None and algorithm != "winograd":
+        raise ValueError(f"tile={tile!r} applies to algorithm='winograd' only")
+    threads = thread_count(threads)
+    isa = resolve(target)
+    emulate = check_emulate(emulate, isa)
+    if isa.arch != "x86":
+        if algorithm == "winograd":
+            raise ValueError("algorithm='winograd' is an x86 float32 path; the ARM targets run the quantized spatial pack")
+        if post_ops:
+            raise ValueError("bias, residual and activation are fused on the x86 float32 conv2d only")
+        quant = quant or Quantization("float32")  # refused by the family, naming the dtypes it takes
+        g = Geometry.of(conv, block=int8_arm.conv_kernel(isa).nr)
+        return int8_arm.schedule(g, isa, quant)
+    if quant is not None:
+        if quant.dtype != "float32":
+            hint = " (quantized conv2d runs on the ARM targets: armv7-neon, aarch64-neon, aarch64-dotprod)" \
+                if quant.dtype in ("int8", "uint8") else ""
+            raise ValueError(f"dtype {quant.dtype!r} is not supported on x86 targets; use 'float32'{hint}")
+        raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
+    mr, nr = DEFAULT_TILES[isa.name]
+    g = Geometry.of(conv, block=nr)
+    pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
+    reason = None
+    if algorithm != "direct":
+        if algorithm == "auto":
+            tile, reason = winograd.choose(g)
+        elif tile is None:
+            tile = 4
+        if tile is not None:
+            mod, plan = winograd.schedule(g, isa, tile, post_ops, blocking, pool, reason or "algorithm='winograd'")
+            return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
+    if depthwise.applies(g):
+        mod, plan = depthwise.schedule(g, isa, post_ops, blocking, pool, "groups = input channels: the depthwise kernel")
+        return Scheduled(depthwise.DepthwiseConv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
+    reason = reason or "algorithm='direct'"
+    if grouped.applies(g):  # small groups: blocks of 16 channels with block-diagonal weights
+        wide = grouped.widen(g)
+        mod, plan = direct.schedule(wide, isa, mr, post_ops, blocking, pool, reason)
+        plan = dataclasses.replace(plan, block_diagonal=f"{g.groups} groups of {g.cg} channels as {wide.groups} of {wide.cg}")
+        cls = functools.partial(grouped.GroupedConv2dOp, user_geometry=g)
+        return Scheduled(cls, wide, isa, mod, plan, post_ops, threads, emulate)
+    mod, plan = direct.schedule(g, isa, mr, post_ops, blocking, pool, reason)
+    return Scheduled(Conv2dOp, g, isa, mod, plan, post_ops, threads, emulate)

@@ -1,0 +1,292 @@
+"""What a conv2d is, as values: its parameters (ConvParams), every size of the layer in the
+blocked layouts (Geometry), the post-ops fused into its store (PostOps), the quantization of
+the ARM path (Quantization), the cache budgets its plans divide (ConvBlocking), and how an
+output row is cut into tiles (segments). No TVM here: every family plans from these."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from intrinsics.f32_conv import DEFAULT_CLIP
+from microkernels import NO_EPILOGUE, Epilogue
+from microkernels.f32_gemm import ACTIVATIONS
+
+from ..common.targets import check_elements, dtype_name, host_cache_bytes, positive_int
+from ..common.tir import ceil_div
+
+
+def _pair(name: str, v, allow_zero: bool = False) -> tuple[int, int]:
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+    if len(vals) != 2:
+        raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+    lo = 0 if allow_zero else 1
+    for x in vals:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"{name} must hold ints, got {v!r}")
+        if x < lo:
+            raise ValueError(f"{name} must be >= {lo}, got {v!r}")
+    return int(vals[0]), int(vals[1])
+
+
+def _padding(p) -> tuple[int, int, int, int]:
+    """int, (h, w) or (top, left, bottom, right) -> (top, left, bottom, right)."""
+    if isinstance(p, (tuple, list)) and len(p) not in (2, 4):
+        raise ValueError(f"padding must be an int, a pair or (top, left, bottom, right), got {p!r}")
+    if isinstance(p, (tuple, list)) and len(p) == 4:
+        vals = tuple(p)
+    else:
+        h, w = _pair("padding", p, allow_zero=True)
+        vals = (h, w, h, w)
+    for x in vals:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"padding must hold ints, got {p!r}")
+        if x < 0:
+            raise ValueError(f"padding must be >= 0, got {p!r}")
+    return tuple(int(x) for x in vals)
+
+
+def _shape(name: str, s, rank: int) -> tuple[int, ...]:
+    if not isinstance(s, (tuple, list)) or len(s) != rank:
+        raise ValueError(f"{name} must be a tuple of {rank} ints, got {s!r}")
+    return tuple(positive_int(f"{name}[{i}]", v) for i, v in enumerate(s))
+
+
+def depthwise(channels: int, groups: int) -> bool:
+    """A depthwise layer: one input channel per group (any number of output channels each)."""
+    return groups == channels > 1
+
+
+@dataclass(frozen=True)
+class ConvParams:
+    """One conv2d layer as the user gives it: NCHW data and OIHW weight shapes, stride and
+    dilation (an int or (h, w)), padding (an int, (h, w) or (top, left, bottom, right)) and
+    groups; checked and normalized on construction (shapes and stride/dilation tuples, padding
+    (top, left, bottom, right), groups an int). Whether they fit together is geometry()'s
+    check, which knows the blocked layouts."""
+
+    data_shape: tuple
+    weight_shape: tuple
+    stride: object = 1
+    padding: object = 0
+    dilation: object = 1
+    groups: object = 1
+
+    def __post_init__(self):
+        set_ = functools.partial(object.__setattr__, self)
+        set_("data_shape", _shape("data_shape", self.data_shape, 4))
+        set_("weight_shape", _shape("weight_shape", self.weight_shape, 4))
+        set_("stride", _pair("stride", self.stride))
+        set_("dilation", _pair("dilation", self.dilation))
+        set_("padding", _padding(self.padding))
+        set_("groups", positive_int("groups", self.groups))
+
+
+@dataclass(frozen=True)
+class ConvBlocking:
+    """Cache budgets in bytes. l2_bytes None: the host's L2 as sysfs gives it (512 KiB where it
+    does not say); the golden assembly pins 512 KiB so it does not depend on the host."""
+
+    l2_bytes: int | None = None
+
+    @property
+    def l2(self) -> int:
+        return self.l2_bytes if self.l2_bytes is not None else host_cache_bytes(2, 512 * 1024)
+
+    @property
+    def image_budget(self) -> int:  # a layer's input this small is packed whole, once
+        return self.l2 // 2
+
+    @property
+    def band_budget(self) -> int:  # otherwise a band's input must fit here
+        return self.l2 // 4
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Every size of one conv2d layer, in the blocked layouts."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    pad: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    groups: int
+    block: int  # output block (= the tile's NR)
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def og(self) -> int:
+        return self.o // self.groups
+
+    @property
+    def bi(self) -> int:
+        """Input block: the full block, or the whole group when it has fewer channels (first layer)."""
+        return min(self.block, self.cg)
+
+    @property
+    def nb(self) -> int:  # input blocks per group
+        return ceil_div(self.cg, self.bi)
+
+    @property
+    def ob(self) -> int:  # output blocks per group
+        return ceil_div(self.og, self.block)
+
+    @functools.cached_property  # every call checks its arrays against these
+    def out_hw(self) -> tuple[int, int]:
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        t, l, b, r = self.pad
+        return ((self.h + t + b - (self.kh - 1) * dh - 1) // sh + 1,
+                (self.w + l + r - (self.kw - 1) * dw - 1) // sw + 1)
+
+    @functools.cached_property  # every call checks its arrays against these
+    def data_shape(self) -> tuple:
+        return (self.n, self.groups * self.nb, self.h, self.w, self.bi)
+
+    @functools.cached_property  # every call checks its arrays against these
+    def weight_shape(self) -> tuple:
+        return (self.groups * self.ob, self.nb, self.kh, self.kw, self.bi, self.block)
+
+    @functools.cached_property  # every call checks its arrays against these
+    def out_shape(self) -> tuple:
+        return (self.n, self.groups * self.ob, *self.out_hw, self.block)
+
+    def input_rows(self, out_rows: int) -> int:
+        """Input rows (padding included) that `out_rows` consecutive output rows read."""
+        return (out_rows - 1) * self.stride[0] + (self.kh - 1) * self.dilation[0] + 1
+
+    def input_cols(self, out_cols: int) -> int:
+        """Input columns (padding included) that `out_cols` consecutive output pixels read."""
+        return (out_cols - 1) * self.stride[1] + (self.kw - 1) * self.dilation[1] + 1
+
+    @functools.cached_property  # every call checks its arrays against these
+    def bias_shape(self) -> tuple:  # per output block: NCHWc's channel order
+        return (self.groups * self.ob, self.block)
+
+    @property
+    def flops(self) -> int:
+        oh, ow = self.out_hw
+        return 2 * self.n * self.o * oh * ow * self.cg * self.kh * self.kw
+
+    @property
+    def padded(self) -> bool:
+        return any(self.pad)
+
+    @property
+    def depthwise(self) -> bool:
+        return depthwise(self.c, self.groups)
+
+    @classmethod
+    def of(cls, p: ConvParams, block: int = 16) -> "Geometry":
+        """The layer's sizes in the blocked layouts, once its shapes and parameters are checked to
+        fit together (raises ValueError). block: the output block, the tile's NR."""
+        (n, c, h, w), (o, cg, kh, kw) = p.data_shape, p.weight_shape
+        stride, dilation, pad, groups = p.stride, p.dilation, p.padding, p.groups
+        if c % groups or o % groups:
+            raise ValueError(f"groups={groups} must divide both the input channels ({c}) and the output channels ({o})")
+        if cg != c // groups:
+            raise ValueError(f"weight_shape[1] must be in_channels/groups = {c}/{groups} = {c // groups}, got {cg}")
+        eh, ew = (kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1
+        if eh > h + pad[0] + pad[2] or ew > w + pad[1] + pad[3]:
+            raise ValueError(f"the (dilated) kernel {eh}x{ew} is larger than the padded input "
+                             f"{h + pad[0] + pad[2]}x{w + pad[1] + pad[3]}")
+        g = cls(n, c, h, w, o, kh, kw, stride, pad, dilation, groups, block)
+        # Before any planning: a padding of 10**9 must be refused here, not iterated over.
+        check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
+                       padded_input=(n, g.groups * g.nb, h + pad[0] + pad[2], w + pad[1] + pad[3], g.bi))
+        return g
+
+
+@dataclass(frozen=True)
+class PostOps:
+    """What a conv2d applies to its output tiles before their one store (oneDNN's post-ops):
+    out = act(conv + bias[o] + residual), each part optional, act None, "relu" or "clip" (to
+    the `clip` bounds; (0, 6) is ReLU6). The layer takes the extra inputs in this order:
+    data, weight, bias (op.pack_bias), residual (blocked output shape)."""
+
+    bias: bool = False
+    residual: bool = False
+    activation: str | None = None
+    clip: tuple[float, float] = DEFAULT_CLIP
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        for label, v in (("bias", self.bias), ("residual", self.residual)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{label} must be True or False, got {v!r}")
+        try:
+            lo, hi = (float(b) for b in self.clip)
+        except (TypeError, ValueError):
+            raise ValueError(f"clip must be two numbers (lo, hi), got {self.clip!r}") from None
+        if not lo < hi:
+            raise ValueError(f"clip bounds must satisfy lo < hi, got {self.clip!r}")
+        object.__setattr__(self, "clip", (lo, hi))
+
+    @property
+    def epilogue(self) -> Epilogue:
+        return Epilogue(self.bias, self.residual, self.activation) if self else NO_EPILOGUE
+
+    def __bool__(self) -> bool:
+        return self.bias or self.residual or self.activation is not None
+
+    @property
+    def label(self) -> str:
+        """"bias+residual+relu", or "" for none (logs and reports)."""
+        return "+".join(p for p, on in (("bias", self.bias), ("residual", self.residual),
+                                        (self.activation or "", self.activation)) if on)
+
+
+NO_POST_OPS = PostOps()
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """The quantized (ARM) conv2d: out = sum (x - input_zero_point) * (w - weight_zero_point) in
+    int32. dtype "int8" or "uint8", or "int16" for data the legalize pass already widened;
+    weight_dtype None means int16 with int16 data, else int8. The zero points' ranges depend
+    on the dtypes and are checked by the ARM family (int8_arm)."""
+
+    dtype: object = "int8"
+    weight_dtype: object = None
+    input_zero_point: object = 0
+    weight_zero_point: object = 0
+
+    def __post_init__(self):
+        dtype = dtype_name("dtype", self.dtype)
+        weight = dtype_name("weight_dtype", self.weight_dtype)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "weight_dtype", weight or ("int16" if dtype == "int16" else "int8"))
+
+
+def segments(ow: int, mr: int) -> list[tuple[int, int, int]]:
+    """(first column, tiles, MR) runs covering one output row; no tile has MR = 1 unless ow = 1."""
+    if ow == 1:
+        return [(0, 1, 1)]
+    full, rem = divmod(ow, mr)
+    if rem == 1:
+        # The last full tile and the lone column become two tiles of at least 2 each
+        # (ow >= 2 and rem == 1 imply full >= 1).
+        full -= 1
+        a = (mr + 2) // 2
+        tails = [a, mr + 1 - a]
+    else:
+        tails = [rem] if rem else []
+    segs, col = [], 0
+    if full:
+        segs.append((0, full, mr))
+        col = full * mr
+    for t in tails:
+        segs.append((col, 1, t))
+        col += t
+    return segs

@@ -1,0 +1,68 @@
+"""What each conv2d family decided for a layer (op.plan), as typed values, and the band
+arithmetic the families' planners share.
+
+A plan also reads as a mapping (plan["algorithm"], plan.get("tile")), the form plans had
+before they were typed; `as_dict()` gives the fields for JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+
+def largest_divisor(n: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest divisor d of n with fits(d), or None when none fits. Bands are whole
+    divisors of the rows (or tile rows) so that every band is alike: one loop, no tail band."""
+    return max((d for d in range(1, n + 1) if n % d == 0 and fits(d)), default=None)
+
+
+@dataclass(frozen=True)
+class Plan:
+    algorithm: str  # "direct", "winograd" or "depthwise"
+    reason: str  # why this algorithm: algorithm="auto"'s rule, or what the caller forced
+
+    def __getitem__(self, key: str):
+        if key not in self.as_dict():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        return self.as_dict().get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.as_dict()
+
+    def as_dict(self) -> dict:
+        """The plan's fields; optional ones that do not apply (None) are left out."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class DirectPlan(Plan):
+    mr: int  # pixels per tile
+    output_blocks: int  # output blocks per tile (2 on short rows: conv.direct.output_blocks)
+    band_rows: int  # output rows per band
+    band_parallel: bool  # threads split the bands (else each band's output blocks)
+    segments: list  # (first column, tiles, MR) runs covering one output row
+    block_diagonal: str | None = None  # grouped layers run as wider groups: what became what
+
+
+@dataclass(frozen=True)
+class WinogradPlan(Plan):
+    tile: int  # m of F(m x m, 3 x 3)
+    band_tile_rows: int
+    band_parallel: bool
+    block_parallel: bool  # threads split the output blocks (fewer bands than threads)
+    tiles_per_band: int
+    bands: int
+    mr: int  # the GEMM tile's rows
+    weight_bytes: int  # of the transformed weights U
+
+
+@dataclass(frozen=True)
+class DepthwisePlan(Plan):
+    band_rows: int
+    multiplier: int  # output channels per input channel
+    kernel: str | None  # the row kernel's name; None where the layer stays plain TIR

@@ -40,3 +40,48 @@ def qconv2d(x, w, zp_x, zp_w, stride=1, padding=0, dilation=1, groups=1):
     """int64 sum (x - zp_x) * (w - zp_w): zero points out first, then zero padding, so a padded
     pixel is the zero point and contributes nothing."""
     return conv2d(x.astype(np.int64) - zp_x, w.astype(np.int64) - zp_w, stride, padding, dilation, groups)
+
+
+# float32 conv2d against the float64 reference
+
+EPS = np.finfo(np.float32).eps
+
+
+def ref_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """Plain float64 conv2d: NCHW data, OIHW weights (O, C/groups, KH, KW)."""
+    return conv2d(x.astype(np.float64), w.astype(np.float64), stride, padding, dilation, groups)
+
+
+def assert_conv_close(got, x, w, **conv):
+    """Compare a float32 conv2d against the float64 reference, with a bound from its reduction.
+
+    Every output is a dot product of length K = C/groups * KH * KW (zero padding, of the image
+    or of the blocked channels, adds exact zeros: an FMA with a zero product does not round).
+    As for GEMM in conftest.f32_tolerance: the K FMAs plus the initial zero are K+1 terms, each
+    rounding costs at most u = eps/2 relative to the running magnitude, so
+    |error| <= (K+1) * u * sum|x||w|; we allow eps (2u) per term, plus `tiny` for underflow.
+    sum|x||w| is the same convolution on |x| and |w|.
+    """
+    ref = ref_conv2d(x, w, **conv)
+    assert got.shape == ref.shape, f"shape {got.shape}, expected {ref.shape}"
+    assert got.dtype == np.float32
+    k = w.shape[1] * w.shape[2] * w.shape[3]
+    tol = (k + 1) * EPS * ref_conv2d(np.abs(x), np.abs(w), **conv) + np.finfo(np.float32).tiny
+    err = np.abs(got - ref)
+    bad = err > tol
+    assert not bad.any(), (f"{bad.sum()} of {bad.size} elements off; worst error {err.max():.3g} "
+                           f"vs its bound {tol.flat[np.argmax(err)]:.3g}")
+
+
+def with_post_ops(x, w, b, r, post, **conv):
+    """The float64 reference with a PostOps value applied after it, as the unfused ops would."""
+    ref = ref_conv2d(x, w, **conv)
+    if post.bias:
+        ref = ref + b[None, :, None, None]
+    if post.residual:
+        ref = ref + r
+    if post.activation == "relu":
+        ref = np.maximum(ref, 0)
+    elif post.activation == "clip":
+        ref = np.clip(ref, *post.clip)
+    return ref

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import tvm
 
-from microkernels import ISAS, Isa
+from microkernels import ISAS, Isa, best_host_isa
 from schedules.emulation import bochs
 
 FORCE = os.environ.get("MK_EMULATE_AVX512") == "1"
@@ -20,10 +20,16 @@ def emulated(isa: Isa) -> bool:
     return isa.arch == "x86" and (not isa.host_supports() or (FORCE and isa.name == "avx512"))
 
 
+def on(isa: Isa) -> dict:
+    """An operator's target and emulate= arguments that run `isa` here."""
+    return {"target": f"x86-{isa.name}", "emulate": emulated(isa)}
+
+
 def how(isa: Isa) -> str:
     return f"{isa.name}-{'emulated' if emulated(isa) else 'native'}"
 
 
+HOST = f"x86-{best_host_isa().name}"  # the suite's native target: the widest ISA this host runs
 X86 = list(ISAS.values())  # every x86 ISA runs here, one way or the other
 X86_IDS = [how(isa) for isa in X86]
 

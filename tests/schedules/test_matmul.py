@@ -4,19 +4,19 @@ import importlib
 
 import numpy as np
 import pytest
+import tvm
 from hypothesis import given
 from hypothesis import strategies as st
 
 import microkernels.isa
 import schedules
-import tvm
 from microkernels import ISAS, MATMUL_TILES, GemmKernel, TileError, asm, best_host_isa
 from schedules import Blocking, UnsupportedHostError
 from schedules.matmul import plan
 
 from ..conftest import Spy, assert_close_f32, unaligned
+from ..x86_exec import HOST
 
-HOST = f"x86-{best_host_isa().name}"
 matmul_module = importlib.import_module("schedules.matmul")  # schedules.matmul is the function
 # Every x86 preset this host runs (AVX-512 paths on an AVX2-only host: see test_x86_targets).
 HOST_PRESETS = [p for p in ("x86-avx512", "x86-avx2") if ISAS[p[4:]].host_supports()]
@@ -219,3 +219,23 @@ def test_bad_arrays(a, b, exc, msg):
     op = schedules.matmul(4, 6, 5, target=HOST)
     with pytest.raises(exc, match=msg):
         op(a, b)
+
+
+def _aligned_rand(shape, seed=0):
+    a = schedules.aligned_empty(shape)
+    a[...] = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    return a
+
+
+@pytest.mark.parametrize("place", [lambda a: a, unaligned], ids=["aligned", "unaligned"])
+def test_matmul_hands_the_callers_buffers_to_the_module_at_any_alignment(place):
+    """matmul declares A, B and C 4-byte aligned, so even unaligned arrays go in uncopied."""
+    op = schedules.matmul(40, 48, 24, threads=1)
+    a, b, out = place(_aligned_rand((40, 24))), place(_aligned_rand((24, 48), 1)), place(np.zeros((40, 48), np.float32))
+    op.lib = Spy(op.lib)
+    assert op(a, b, out=out) is out
+    assert op.lib.seen[-1] == [a.ctypes.data, b.ctypes.data, out.ctypes.data]
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(op(a, tvm.runtime.tensor(np.ascontiguousarray(b))), out)
+    with pytest.raises(ValueError, match=r"shape \(24, 48\)"):
+        op(a, tvm.runtime.tensor(np.zeros((48, 24), np.float32)))

@@ -6,7 +6,12 @@ import pytest
 import tvm
 from tvm import te
 
-from schedules.common.compiled import check_operand, declare_user_aligned, operand, user_operand
+from schedules.common.compiled import (
+    check_operand,
+    declare_user_aligned,
+    operand,
+    user_operand,
+)
 from schedules.common.layouts import aligned_empty
 
 from ...conftest import unaligned

@@ -6,7 +6,15 @@ import tvm
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schedules.common.tir import buffer, ceil_div, ceil_to, header, padded_pack, parse, region
+from schedules.common.tir import (
+    buffer,
+    ceil_div,
+    ceil_to,
+    header,
+    padded_pack,
+    parse,
+    region,
+)
 
 
 @given(st.integers(0, 10**6), st.integers(1, 1000))

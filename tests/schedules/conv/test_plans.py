@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schedules.conv.plans import DepthwisePlan, DirectPlan, WinogradPlan, largest_divisor
+from schedules.conv.plans import (
+    DepthwisePlan,
+    DirectPlan,
+    WinogradPlan,
+    largest_divisor,
+)
 
 
 @given(st.integers(1, 400), st.integers(1, 400))

@@ -11,8 +11,8 @@ import schedules
 from microkernels import asm
 from schedules.conv.int8_arm import MAX_K, MAX_K_DOT, MAX_PRODUCT
 
-from .. import conv_reference
-from ..arm_tools import require_emulator
+from ... import conv_reference
+from ...arm_tools import require_emulator
 
 TARGETS = ["armv7-neon", "aarch64-neon", "aarch64-dotprod"]
 ARCH = {"armv7-neon": "armv7", "aarch64-neon": "aarch64", "aarch64-dotprod": "aarch64"}

@@ -9,21 +9,8 @@ from hypothesis import strategies as st
 import schedules
 from schedules.conv import PostOps
 
-from .test_conv2d import EPS, HOST, ref_conv2d
-
-
-def expected(x, w, b, r, post: PostOps, **conv):
-    ref = ref_conv2d(x, w, **conv)
-    if post.bias:
-        ref = ref + b[None, :, None, None]
-    if post.residual:
-        ref = ref + r
-    if post.activation == "relu":
-        ref = np.maximum(ref, 0)
-    elif post.activation == "clip":
-        ref = np.clip(ref, *post.clip)
-    return ref
-
+from ...conv_reference import EPS, ref_conv2d, with_post_ops
+from ...x86_exec import HOST
 
 POSTS = st.builds(PostOps, bias=st.booleans(), residual=st.booleans(),
                   activation=st.sampled_from([None, "relu", "clip"]),
@@ -61,7 +48,7 @@ def test_post_ops_match_the_reference(layer, post, seed):
     b = rng.standard_normal(ws[0], dtype=np.float32) * 3
     r = rng.standard_normal(out_shape, dtype=np.float32) * 3
     got = op(x, w, bias=b if post.bias else None, residual=r if post.residual else None)
-    want = expected(x, w, b, r, post, **layer)
+    want = with_post_ops(x, w, b, r, post, **layer)
     # The conv's own bound (test_conv2d.assert_conv_close), widened for Winograd's transforms
     # (README: accuracy), plus one rounding of each post-op addition; activations only clamp.
     k = ws[1] * ws[2] * ws[3]

@@ -13,7 +13,7 @@ from tvm import s_tir, te
 
 from schedules.emulation import qemu as emulate
 
-from ..arm_tools import ToolchainBroken, require_emulator
+from ...arm_tools import ToolchainBroken, require_emulator
 
 TARGETS = {
     "armv7": {"kind": "llvm", "mtriple": "armv7l-linux-gnueabihf", "mcpu": "cortex-a53",
@@ -139,7 +139,7 @@ def test_self_check_runs_the_program(arch, tmp_path, monkeypatch):
 
 def test_test_command_installs_every_package_emulate_names():
     """scripts/test installs by name what emulate's messages tell a user to install."""
-    script = (Path(__file__).parents[2] / "scripts" / "test").read_text()
+    script = (Path(__file__).parents[3] / "scripts" / "test").read_text()
     listed = re.search(r"^packages=\((.*)\)$", script, re.M).group(1).split()
     assert set(emulate.PACKAGES) | {"llvm"} == set(listed)
 

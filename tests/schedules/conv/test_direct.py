@@ -2,49 +2,22 @@
 refused inputs. (The default, "auto", runs Winograd on some 3x3 layers: test_winograd.py covers it.)"""
 
 import numpy as np
-import tvm
 import pytest
+import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedules
 from microkernels import DEFAULT_TILES, best_host_isa
-from schedules.common import layouts
 from schedules.conv import ConvBlocking, ConvParams, Geometry, direct
 from schedules.conv import geometry as geometry_module
 from schedules.conv.geometry import segments
 
-from .. import conv_reference
+from ... import conv_reference
+from ...conv_reference import assert_conv_close, ref_conv2d
+from ...x86_exec import HOST
 
-HOST = f"x86-{best_host_isa().name}"
 MR, NR = DEFAULT_TILES[best_host_isa().name]
-EPS = np.finfo(np.float32).eps
-
-
-def ref_conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
-    """Plain float64 conv2d: NCHW data, OIHW weights (O, C/groups, KH, KW)."""
-    return conv_reference.conv2d(x.astype(np.float64), w.astype(np.float64), stride, padding, dilation, groups)
-
-
-def assert_conv_close(got, x, w, **conv):
-    """Compare a float32 conv2d against the float64 reference, with a bound from its reduction.
-
-    Every output is a dot product of length K = C/groups * KH * KW (zero padding, of the image
-    or of the blocked channels, adds exact zeros: an FMA with a zero product does not round).
-    As for GEMM in conftest.f32_tolerance: the K FMAs plus the initial zero are K+1 terms, each
-    rounding costs at most u = eps/2 relative to the running magnitude, so
-    |error| <= (K+1) * u * sum|x||w|; we allow eps (2u) per term, plus `tiny` for underflow.
-    sum|x||w| is the same convolution on |x| and |w|.
-    """
-    ref = ref_conv2d(x, w, **conv)
-    assert got.shape == ref.shape, f"shape {got.shape}, expected {ref.shape}"
-    assert got.dtype == np.float32
-    k = w.shape[1] * w.shape[2] * w.shape[3]
-    tol = (k + 1) * EPS * ref_conv2d(np.abs(x), np.abs(w), **conv) + np.finfo(np.float32).tiny
-    err = np.abs(got - ref)
-    bad = err > tol
-    assert not bad.any(), (f"{bad.sum()} of {bad.size} elements off; worst error {err.max():.3g} "
-                           f"vs its bound {tol.flat[np.argmax(err)]:.3g}")
 
 
 def _inputs(rng, data_shape, weight_shape):
@@ -220,7 +193,7 @@ def test_threads_give_identical_results(rng, l2_512k, data_shape, weight_shape, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Blocked fast path and layouts
+# Blocked fast path
 
 
 @pytest.mark.parametrize("data_shape, weight_shape, groups", [
@@ -244,118 +217,6 @@ def test_blocked_path_matches_and_pads_with_zeros(rng, data_shape, weight_shape,
     assert op.flops == 2 * np.prod(op.from_blocked(ob).shape) * np.prod(weight_shape[1:])
 
 
-@given(n=st.integers(1, 2), groups=st.integers(1, 4), cg=st.integers(1, 40), h=st.integers(1, 5),
-       w=st.integers(1, 5), block=st.sampled_from([1, 3, 8, 16]), seed=st.integers(0, 2**32 - 1))
-def test_layout_round_trip(n, groups, cg, h, w, block, seed):
-    rng = np.random.default_rng(seed)
-    c = groups * cg
-    x = rng.standard_normal((n, c, h, w), dtype=np.float32)
-    xb = layouts.to_nchwc(x, block, groups)
-    cb = -(-cg // block)
-    assert xb.shape == (n, groups * cb, h, w, block)
-    np.testing.assert_array_equal(layouts.from_nchwc(xb, c, groups), x)
-    # The padding lanes of each group are zero, and the real ones hold exactly the data.
-    by_group = xb.transpose(0, 1, 4, 2, 3).reshape(n, groups, cb * block, h, w)
-    assert np.all(by_group[:, :, cg:] == 0)
-    assert np.count_nonzero(xb) == np.count_nonzero(x)
-
-
-def test_packed_weights_round_trip(rng):
-    groups, og, cg, kh, kw, bi, bo = 3, 5, 7, 2, 3, 4, 16
-    wt = rng.standard_normal((groups * og, cg, kh, kw), dtype=np.float32)
-    p = layouts.pack_weights(wt, bi, bo, groups)
-    assert p.shape == (groups * 1, 2, kh, kw, bi, bo)
-    # (G*OB, IB, KH, KW, i, o) -> (G, OB*o, IB*i, KH, KW)
-    full = p.reshape(groups, 1, 2, kh, kw, bi, bo).transpose(0, 1, 6, 2, 5, 3, 4).reshape(groups, bo, 2 * bi, kh, kw)
-    np.testing.assert_array_equal(full[:, :og, :cg].reshape(wt.shape), wt)
-    assert np.all(full[:, og:] == 0) and np.all(full[:, :, cg:] == 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Refused inputs
-
-GOOD = dict(data_shape=(1, 4, 8, 8), weight_shape=(8, 4, 3, 3))
-
-
-@pytest.mark.parametrize("kwargs, exc, msg", [
-    (dict(weight_shape=(8, 2, 3, 3)), ValueError, r"weight_shape\[1\] must be in_channels/groups = 4/1 = 4, got 2"),
-    (dict(weight_shape=(8, 4, 3, 3), groups=2), ValueError, r"weight_shape\[1\] must be in_channels/groups"),
-    (dict(weight_shape=(8, 1, 3, 3), groups=3), ValueError, "groups=3 must divide both the input channels"),
-    (dict(weight_shape=(9, 2, 3, 3), groups=2), ValueError, "groups=2 must divide both"),
-    (dict(groups=0), ValueError, "groups must be >= 1"),
-    (dict(weight_shape=(8, 4, 9, 3)), ValueError, "kernel 9x3 is larger than the padded input 8x8"),
-    (dict(dilation=(5, 1)), ValueError, "kernel 11x3 is larger than the padded input"),
-    (dict(weight_shape=(8, 4, 11, 3), padding=1), ValueError, "kernel 11x3 is larger than the padded input 10x10"),
-    (dict(padding=-1), ValueError, "padding must be >= 0"),
-    (dict(padding=(0, -1)), ValueError, "padding must be >= 0"),
-    (dict(padding=(0, 0, -1, 0)), ValueError, "padding must be >= 0"),
-    (dict(padding=(1, 1, 1)), ValueError, r"padding must be an int, a pair or \(top, left, bottom, right\)"),
-    (dict(padding=1.5), TypeError, "padding must hold ints"),
-    (dict(stride=0), ValueError, "stride must be >= 1"),
-    (dict(stride=(1, 0)), ValueError, "stride must be >= 1"),
-    (dict(dilation=0), ValueError, "dilation must be >= 1"),
-    (dict(stride=(1, 1, 1)), ValueError, "stride must be an int or a pair"),
-    (dict(stride=1.5), TypeError, "stride must hold ints"),
-    (dict(stride=True), TypeError, "stride must hold ints"),
-    (dict(data_shape=(1, 4, 0, 8)), ValueError, r"data_shape\[2\] must be >= 1"),
-    (dict(data_shape=(4, 8, 8)), ValueError, "data_shape must be a tuple of 4 ints"),
-    (dict(dtype="int8"), ValueError, "dtype 'int8' is not supported"),
-    (dict(dtype="float16"), ValueError, "dtype 'float16' is not supported"),
-    (dict(algorithm="winograd", stride=2), ValueError, "algorithm='winograd' needs stride 1"),
-    (dict(target="x86-sse"), ValueError, "unknown target 'x86-sse'"),
-    (dict(target="llvm -mcpu=skylake-avx512"), ValueError, "no longer parses target strings"),
-    (dict(threads=0), ValueError, "threads must be >= 1"),
-    (dict(threads=1.0), TypeError, "threads must be an int"),
-    (dict(threads=2**31), ValueError, "threads=2147483648 is more than 1024"),
-    (dict(padding=10**9), ValueError, "output would hold .* int32 index arithmetic"),
-    (dict(dtype=np.int64), ValueError, "dtype 'int64' is not supported"),
-    (dict(dtype=object()), TypeError, "dtype must be a dtype name"),
-])
-def test_bad_arguments(kwargs, exc, msg):
-    with pytest.raises(exc, match=msg):
-        schedules.conv2d(**{**GOOD, **kwargs})
-
-
-def test_geometry_validates_without_compiling():
-    g = Geometry.of(ConvParams((1, 4, 8, 8), (8, 4, 3, 3), stride=2, padding=(1, 0, 2, 1)))
-    assert g.out_hw == (5, 4)
-    with pytest.raises(ValueError, match="larger than the padded input"):
-        Geometry.of(ConvParams((1, 4, 2, 8), (8, 4, 3, 3)))
-
-
-@pytest.fixture(scope="module")
-def small_op():
-    return schedules.conv2d((1, 4, 8, 8), (8, 4, 3, 3), padding=1, target=HOST, algorithm="direct")
-
-
-_X = np.zeros((1, 4, 8, 8), np.float32)
-_W = np.zeros((8, 4, 3, 3), np.float32)
-
-
-@pytest.mark.parametrize("data, weight, exc, msg", [
-    (_X.astype(np.float64), _W, TypeError, "data must have dtype float32, got float64"),
-    (_X, _W.astype(np.float64), TypeError, "weight must have dtype float32"),
-    (np.zeros((1, 4, 8, 9), np.float32), _W, ValueError, r"data must have shape \(1, 4, 8, 8\)"),
-    (np.zeros((1, 8, 8, 4), np.float32).transpose(0, 3, 1, 2), _W, ValueError, "data must be C-contiguous"),
-    (_X, np.zeros((8, 4, 3, 2), np.float32), ValueError, r"weight must have shape \(8, 4, 3, 3\)"),
-    (_X, np.zeros((3, 3, 4, 8), np.float32).transpose(3, 2, 0, 1), ValueError, "weight must be C-contiguous"),
-    (_X.tolist(), _W, TypeError, "data must be a numpy.ndarray"),
-])
-def test_bad_arrays(small_op, data, weight, exc, msg):
-    with pytest.raises(exc, match=msg):
-        small_op(data, weight)
-
-
-def test_bad_blocked_arrays(small_op):
-    xb, wb = small_op.to_blocked(_X), small_op.pack_weights(_W)
-    with pytest.raises(ValueError, match="data must have shape"):
-        small_op.run_blocked(_X, wb)  # NCHW where NCHWc is expected
-    with pytest.raises(ValueError, match="weight must have shape"):
-        small_op.run_blocked(xb, _W)
-    with pytest.raises(ValueError, match="out must have shape"):
-        small_op.from_blocked(np.zeros((1, 1, 8, 8, 8), np.float32))
-
-
 @pytest.mark.parametrize("algorithm", ["direct", "winograd"])
 def test_output_tiles_are_not_zero_filled_before_the_kernel(algorithm, rng):
     """The tiles are beta=0 kernels that overwrite their output; the zero fill TVM keeps in front
@@ -363,7 +224,6 @@ def test_output_tiles_are_not_zero_filled_before_the_kernel(algorithm, rng):
     result must not depend on what the output held: a NaN-filled output comes out right."""
     import re
 
-    import tvm
 
     x = rng.standard_normal((1, 32, 14, 14), dtype=np.float32)
     w = rng.standard_normal((32, 32, 3, 3), dtype=np.float32)
@@ -380,15 +240,3 @@ def test_output_tiles_are_not_zero_filled_before_the_kernel(algorithm, rng):
     got = op.from_blocked(args[2].numpy())
     ref = ref_conv2d(x, w, padding=1)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
-
-
-def test_drop_dead_inits_names_unknown_blocks():
-    from intrinsics.beta0 import drop_dead_inits
-    from tvm import te
-
-    A = te.placeholder((4,), name="A")
-    k = te.reduce_axis((0, 4), name="k")
-    mod = tvm.IRModule({"main": te.create_prim_func([A, te.compute((1,), lambda i: te.sum(A[k], axis=k), name="S")])})
-    with pytest.raises(ValueError, match=r"no blocks named \['nope'\]"):
-        drop_dead_inits(mod, ["nope"])
-    assert "T.init" not in drop_dead_inits(mod, ["S"]).script() and "T.init" in mod.script()

@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 
 import schedules
 
-from ..x86_exec import X86, X86_IDS
-from .test_conv2d import assert_conv_close
-from .test_x86_targets import on
+from ...conv_reference import assert_conv_close
+from ...x86_exec import X86, X86_IDS, on
 
 
 @st.composite

@@ -11,15 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedules
-from microkernels import ISAS, asm, best_host_isa
+from microkernels import ISAS, asm
 from microkernels import f32_wino as wino
 from schedules.conv import ConvParams, Geometry, winograd
 from schedules.conv.geometry import segments
 
-from .. import conv_reference
-
-HOST = f"x86-{best_host_isa().name}"
-EPS = np.finfo(np.float32).eps
+from ... import conv_reference
+from ...conv_reference import EPS
+from ...x86_exec import HOST
 
 
 def winograd_bound(x, w, m, padding):

@@ -10,11 +10,9 @@ from hypothesis import strategies as st
 import schedules
 from schedules import PostOps
 
-from .. import conv_reference
-from ..x86_exec import X86, X86_IDS
-from .test_conv2d import EPS, ref_conv2d
-from .test_post_ops import expected
-from .test_x86_targets import on
+from ... import conv_reference
+from ...conv_reference import EPS, ref_conv2d, with_post_ops
+from ...x86_exec import X86, X86_IDS, on
 
 
 @st.composite
@@ -49,7 +47,7 @@ def test_depthwise_matches_the_reference(isa):
         x, w = rng.standard_normal(ds, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
         b = rng.standard_normal(ws[0], dtype=np.float32)
         got = op(x, w, bias=b if post.bias else None)
-        want = expected(x, w, b, None, post, **layer)
+        want = with_post_ops(x, w, b, None, post, **layer)
         # Each output: KH*KW products, the bias, one rounding each (test_conv2d's bound).
         mag = ref_conv2d(np.abs(x), np.abs(w), **layer) + (np.abs(b)[None, :, None, None] if post.bias else 0)
         tol = (ws[2] * ws[3] + 2) * EPS * mag + np.finfo(np.float32).tiny

@@ -15,7 +15,7 @@ from tvm import relax
 
 from schedules.relax import legalize_int8_conv2d
 
-from .. import conv_reference
+from ... import conv_reference
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 DATA_SHAPE = (1, 8, 10, 10)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
-from intrinsics.int_mac import tile_module
+from intrinsics.tile_module import mac_tile_module
 from microkernels import ARM_ISAS, asm, mca
 from microkernels.int_mac import default_mac_kernel
 from schedules.conv import ConvParams, Geometry
@@ -72,7 +72,7 @@ def run(layers, log) -> dict:
     for target, isa_name in TARGETS.items():
         isa = ARM_ISAS[isa_name]
         kern = default_mac_kernel(isa_name)
-        tile = hot_loop(tile_module(kern, 16 * kern.k_step), isa)
+        tile = hot_loop(mac_tile_module(kern, 16 * kern.k_step), isa)
         tile_rate = {cpu: mac_rate(tile, isa_name, cpu) for cpu in MODELS[isa_name]}
         for layer in layers:
             g = Geometry.of(ConvParams((1, layer.c, layer.h, layer.w), (layer.o, layer.c, layer.k, layer.k), layer.stride,

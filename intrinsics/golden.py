@@ -14,17 +14,16 @@ from pathlib import Path
 
 import tvm
 
-from microkernels import ARM_ISAS, ISAS, GemmKernel, asm, default_kernel, matmul_kernels, max_tiles
+from microkernels import (ARM_ISAS, ISAS, NO_EPILOGUE, Epilogue, GemmKernel, asm, default_kernel, matmul_kernels,
+                          max_tiles)
 from microkernels import f32_wino as wino
-from microkernels.f32_wino import WinoKernel
 from microkernels.f32_dwconv import DwKernel, default_mr
+from microkernels.f32_wino import WinoKernel
 from microkernels.int_mac import MacKernel, default_mac_kernel
-from microkernels import NO_EPILOGUE, Epilogue
 
 from . import f32_wino as iwino
 from .f32_dwconv import DwRow, compile_row
-from .int_mac import tile_module
-from .tile_module import tile_asm
+from .tile_module import mac_tile_module, tile_asm
 
 GOLDEN_K = 64
 DUMP_DIR = Path(__file__).resolve().parent.parent / "asm_dumps"
@@ -75,7 +74,7 @@ def compiled_function(kern) -> str:
     if isinstance(kern, DwRow):
         return asm.compute_function(compile_row(kern).mod.inspect_source("asm"))
     if isinstance(kern, MacKernel):
-        lib = tvm.compile(tile_module(kern, GOLDEN_K), target=kern.isa.target)
+        lib = tvm.compile(mac_tile_module(kern, GOLDEN_K), target=kern.isa.target)
         return asm.compute_function(lib.mod.inspect_source("asm"))
     return asm.compute_function(tile_asm(kern, GOLDEN_K))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 
-import tvm
 from tvm.script import tirx as T
 
 from microkernels import AARCH64, AARCH64_DOT, NEON, TileError
@@ -127,13 +126,3 @@ def aarch64_int16_mac(mr: int, nr: int, k: int) -> str:
 def aarch64_int8_dot(mr: int, nr: int, k: int) -> str:
     """TensorIntrin name for the sdot tile, int8 -> int32, B packed as (k/4, nr, 4)."""
     return register_mac(MacKernel(AARCH64_DOT, mr, nr), k)
-
-
-def tile_module(kern: MacKernel, k: int):
-    """One tile, C[MR, NR] = A[MR, k] @ B, dense and tensorized with the kernel's intrinsic: the
-    smallest module whose assembly is the kernel in context (golden dumps, the ARM bench)."""
-    from .tile_module import TileLayout, tile_function  # which imports this module
-
-    mod = tile_function(kern, TileLayout.dense(kern, k), zero_c=True)
-    # The symbol the golden dumps name.
-    return tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")})

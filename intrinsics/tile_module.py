@@ -121,3 +121,11 @@ def compile_tile(kern, lay: TileLayout):
 
 def tile_asm(kern: GemmKernel, k: int = 64) -> str:
     return compile_tile(kern, TileLayout.dense(kern, k)).mod.inspect_source("asm")
+
+
+def mac_tile_module(kern, k: int):
+    """One tile, C[MR, NR] = A[MR, k] @ B, dense and tensorized with the kernel's intrinsic: the
+    smallest module whose assembly is the kernel in context (golden dumps, the ARM bench)."""
+    mod = tile_function(kern, TileLayout.dense(kern, k), zero_c=True)
+    # The symbol the golden dumps name.
+    return tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")})

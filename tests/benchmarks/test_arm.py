@@ -11,7 +11,7 @@ and not slower.
 import pytest
 
 from benchmarks import arm
-from intrinsics.int_mac import tile_module
+from intrinsics.tile_module import mac_tile_module
 from microkernels import ARM_ISAS, asm, mca
 from microkernels.int_mac import default_mac_kernel
 from schedules.conv import ConvParams, Geometry
@@ -27,7 +27,7 @@ LAYER = ((1, 128, 8, 8), (128, 128, 3, 3), 1, 1)
 def test_tile_k_loop_reaches_3_macs_per_cycle(isa_name):
     require_mca()
     isa, kern = ARM_ISAS[isa_name], default_mac_kernel(isa_name)
-    lp = arm.hot_loop(tile_module(kern, 8 * kern.k_step), isa)
+    lp = arm.hot_loop(mac_tile_module(kern, 8 * kern.k_step), isa)
     assert asm.loop_macs(lp) == kern.mr * kern.nr * kern.k_step
     for cpu in arm.MODELS[isa_name]:
         assert arm.mac_rate(lp, isa_name, cpu) >= 3.0, cpu

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from intrinsics.tile_module import TileLayout, compile_tile, packs_b
 from microkernels import Isa
-from schedules import emulate
+from schedules.emulation import qemu as emulate
 
 from ..arm_tools import require_emulator
 from ..x86_exec import execute as execute_x86

@@ -38,8 +38,8 @@ class GroupedConv2dOp(Conv2dOp):
         self.user_geometry = user_geometry
 
     @property
-    def flops(self) -> int:  # the layer's, not the zeros of the block-diagonal panels
-        return self.user_geometry.flops
+    def layer(self) -> Geometry:
+        return self.user_geometry
 
     def pack_weights(self, weight: np.ndarray) -> np.ndarray:
         u, g = self.user_geometry, self.geometry

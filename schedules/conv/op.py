@@ -34,8 +34,14 @@ class Conv2dOp(CompiledOp):
         self.geometry, self.plan, self.post = geometry, plan, post
 
     @property
-    def flops(self) -> int:
-        return self.geometry.flops
+    def layer(self) -> Geometry:
+        """The layer as the user gave it; `geometry` is what the module computes, which differs
+        where a grouped layer runs as wider groups (grouped.GroupedConv2dOp)."""
+        return self.geometry
+
+    @property
+    def flops(self) -> int:  # the layer's, not the zeros a wider schedule multiplies
+        return self.layer.flops
 
     @property
     def blocked_data_shape(self) -> tuple:
@@ -174,7 +180,7 @@ class BoundConv2d:
         """scratch: pack into the op's per-thread weight buffer instead of a new one (op(x, w),
         which packs on every call: a fresh 10 MB buffer cost more in page faults than the
         packing itself)."""
-        g = getattr(op, "user_geometry", op.geometry)  # a grouped op's own layer, not its wider groups
+        g = op.layer
         self.op = op
         self._in_shape, self._out_shape = (g.n, g.c, g.h, g.w), (g.n, g.o, *g.out_hw)
         if op.emulate:

@@ -66,4 +66,5 @@ def test_each_grouped_layout_takes_its_path(ds, ws, groups, want):
     assert_conv_close(op(x, w), x, w, groups=groups, padding=1)
     if want == "block-diagonal":  # the blocked input is plain NCHW16c: no group padded
         assert op.blocked_data_shape == (1, ds[1] // 16, 8, 8, 16)
-        assert op.flops == 2 * ws[0] * 8 * 8 * ws[1] * 9
+        assert op.flops == 2 * ws[0] * 8 * 8 * ws[1] * 9  # the layer's, not the block-diagonal zeros
+        assert op.layer.groups == groups and op.geometry.groups < groups

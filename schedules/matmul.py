@@ -30,7 +30,7 @@ from microkernels import MATMUL_TILES, GemmKernel, Isa
 from microkernels.f32_gemm import registers_needed
 from tvm import s_tir, te
 
-from .common.compiled import CompiledOp, check_operand, declare_user_aligned
+from .common.compiled import CompiledOp, check_operand, check_out, declare_user_aligned
 from .common.layouts import aligned_empty
 from .common.targets import (
     check_elements,
@@ -157,6 +157,7 @@ class MatmulOp(CompiledOp):
         check_operand("b", b, (self.K, self.N), "float32")
         if out is not None:
             check_operand("out", out, (self.M, self.N), "float32")
+            check_out(out, a=a, b=b)
 
     @staticmethod
     def _host(x):

@@ -13,13 +13,20 @@ from .layouts import aligned_empty, is_aligned
 from .targets import check_array, require_host, set_threads
 
 
+def _dlpack(arr: np.ndarray, alignment: int):
+    """A TVM tensor over a numpy array's memory. Through DLPack 1.0, which can say read-only:
+    the older protocol refuses to export a read-only array (an np.load(mmap_mode="r") input,
+    say), and the modules never write their inputs."""
+    return tvm_ffi.from_dlpack(arr.__dlpack__(max_version=(1, 0)), require_alignment=alignment)
+
+
 def operand(arr):
-    """A TVM tensor over `arr`'s memory (no copy) if it is aligned, else an aligned copy; a
-    TVM tensor as it is."""
+    """A TVM tensor over `arr`'s memory (no copy) if it is 64-byte aligned, else an aligned
+    copy; a TVM tensor as it is."""
     if isinstance(arr, tvm.runtime.Tensor):
         return arr
     try:
-        return tvm.runtime.from_dlpack(arr)  # refuses memory that is not 64-byte aligned
+        return _dlpack(arr, 64)  # what TVM's code assumes of a buffer it did not declare otherwise
     except RuntimeError:
         return tvm.runtime.tensor(arr)
 
@@ -30,7 +37,30 @@ def user_operand(arr):
     it is."""
     if isinstance(arr, tvm.runtime.Tensor):
         return arr
-    return tvm_ffi.from_dlpack(arr, require_alignment=0)
+    return _dlpack(arr, 0)
+
+
+def _byte_range(arr) -> tuple[int, int]:
+    """[first byte, one past the last) of an operand's memory (numpy array or TVM tensor)."""
+    if isinstance(arr, tvm.runtime.Tensor):
+        start = arr.data_ptr()
+        return start, start + arr.numel() * np.dtype(str(arr.dtype)).itemsize
+    return np.lib.array_utils.byte_bounds(arr)
+
+
+def check_out(out, **inputs) -> None:
+    """Refuse an `out` that cannot be written (read-only) or that overlaps one of the call's
+    inputs: the modules read their inputs tile by tile while writing the output, so an
+    overlapping output corrupts what is still to be read."""
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ValueError("out is read-only; pass a writable array (or none, to get a new one)")
+    lo, hi = _byte_range(out)
+    for name, arr in inputs.items():
+        if arr is not None:
+            a_lo, a_hi = _byte_range(arr)
+            if lo < a_hi and a_lo < hi:
+                raise ValueError(f"out overlaps {name}: this op cannot write its result over an input it is "
+                                 "reading; pass a separate array as out")
 
 
 def declare_user_aligned(func, names):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -118,19 +119,20 @@ def check_array(name: str, arr, shape: tuple, dtype: str) -> np.ndarray:
     return arr
 
 
-_POOL_SIZE = None  # what set_threads last configured: a call that would not change it skips TVM
+# What set_threads last configured, per Python thread: TVM keeps one pool per calling thread,
+# so a size cached for the process let a call from a new thread run on that thread's default.
+_POOL = threading.local()
 
 
 def set_threads(threads: int | None) -> None:
-    """Size TVM's CPU thread pool; None leaves it at one thread per core. Every op call runs
-    this; reconfiguring TVM's pool costs tens of microseconds, so only a change does it."""
-    global _POOL_SIZE
+    """Size the calling thread's TVM CPU thread pool; None means one thread per core. Every op
+    call runs this; reconfiguring TVM's pool costs tens of microseconds, so only a change does."""
     n = threads if threads is not None else (os.cpu_count() or 1)
-    if n == _POOL_SIZE:
+    if getattr(_POOL, "size", None) == n:
         return
     # Mode 1 spreads the pool over the big cores; on a homogeneous CPU that is all of them.
     tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
-    _POOL_SIZE = n
+    _POOL.size = n
 
 
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")

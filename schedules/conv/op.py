@@ -14,7 +14,7 @@ import tvm
 from microkernels import Isa
 
 from ..common import layouts
-from ..common.compiled import CompiledOp, check_operand, user_operand
+from ..common.compiled import CompiledOp, check_operand, check_out, user_operand
 from ..common.targets import check_array
 from .geometry import NO_POST_OPS, Geometry, PostOps
 from .plans import Plan
@@ -92,6 +92,7 @@ class Conv2dOp(CompiledOp):
                 extra.append(arr)
         if out is not None:
             check_operand("out", out, self.blocked_out_shape, "float32")
+            check_out(out, data=data_b, weight=weight_b, bias=bias_b, residual=residual_b)
         return self._tensors((data_b, weight_b, *extra), self.blocked_out_shape, out)
 
     def check_post(self, bias: bool, residual: bool) -> None:
@@ -214,6 +215,8 @@ class BoundConv2d:
             out = np.empty(self._out_shape, np.float32)
         else:
             check_operand("out", out, self._out_shape, "float32")
+            # Overlap is fine here: the input is read into a blocked buffer before out is written.
+            check_out(out)
         op.prepare()
         t, xb, yb = op.transforms, op.scratch("data"), op.scratch("out")
         t["to_blocked"](user_operand(data), xb)
@@ -228,6 +231,7 @@ class BoundConv2d:
 
 def _store(out, y):
     check_operand("out", out, y.shape, "float32")
+    check_out(out)
     if isinstance(out, tvm.runtime.Tensor):
         out.copyfrom(y)
     else:

@@ -239,3 +239,47 @@ def test_matmul_hands_the_callers_buffers_to_the_module_at_any_alignment(place):
     np.testing.assert_array_equal(op(a, tvm.runtime.tensor(np.ascontiguousarray(b))), out)
     with pytest.raises(ValueError, match=r"shape \(24, 48\)"):
         op(a, tvm.runtime.tensor(np.zeros((48, 24), np.float32)))
+
+
+def test_read_only_operands_and_outputs():
+    """Read-only A and B are valid (no copy where aligned); out over A or B, or a read-only out,
+    is refused: the module reads A and B while it writes C."""
+    op = schedules.matmul(40, 48, 24, threads=1)
+    a, b = _aligned_rand((40, 24)), _aligned_rand((24, 48), 1)
+    want = op(a, b)
+    a.flags.writeable = b.flags.writeable = False
+    op.lib = Spy(op.lib)
+    np.testing.assert_array_equal(op(a, b), want)
+    assert op.lib.seen[-1][:2] == [a.ctypes.data, b.ctypes.data]
+    square = schedules.matmul(32, 32, 32, threads=1)
+    s = _aligned_rand((32, 32), 2)
+    big = _aligned_rand((64, 32), 4)
+    for out in (s, big[16:48]):  # the same array, or rows that overlap A's last half
+        with pytest.raises(ValueError, match="out overlaps a"):
+            square(s if out is s else big[:32], _aligned_rand((32, 32), 3), out=out)
+    with pytest.raises(ValueError, match="out overlaps b"):
+        square(_aligned_rand((32, 32), 3), s, out=s)
+    ro = np.zeros((40, 48), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        op(a, b, out=ro)
+
+
+def test_threads_hold_on_every_python_thread():
+    """TVM keeps one pool per calling thread: an op made with threads=1 runs with one thread
+    from a thread that never sized its pool too (it ran TVM's default, one per core)."""
+    import threading
+
+    op = schedules.matmul(64, 64, 64, threads=1)
+    a = _aligned_rand((64, 64))
+    op(a, a)
+    seen = []
+
+    def call():
+        op(a, a)
+        seen.append(tvm.runtime.num_threads())
+
+    t = threading.Thread(target=call)
+    t.start()
+    t.join()
+    assert seen == [1]

@@ -1,6 +1,8 @@
 """schedules.common.targets: target presets, the host (its ISA, caches and thread pool), and the
 argument checks every public entry point runs."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -65,12 +67,17 @@ def test_thread_count_accepts():
 def test_set_threads_reconfigures_tvms_pool_only_on_a_change(monkeypatch):
     calls = []
     monkeypatch.setattr(targets.tvm_ffi, "get_global_func", lambda name: lambda mode, n: calls.append((name, n)))
-    monkeypatch.setattr(targets, "_POOL_SIZE", None)
+    monkeypatch.setattr(targets, "_POOL", threading.local())
     targets.set_threads(1)
     targets.set_threads(1)
     targets.set_threads(None)  # one per core
     assert calls == [("runtime.config_threadpool", 1), ("runtime.config_threadpool", targets.os.cpu_count())]
-    monkeypatch.setattr(targets, "_POOL_SIZE", None)  # the real pool: next call sets it again
+    calls.clear()
+    other = threading.Thread(target=targets.set_threads, args=(targets.os.cpu_count(),))
+    other.start()
+    other.join()
+    assert calls == [("runtime.config_threadpool", targets.os.cpu_count())]  # its own pool, sized anew
+    monkeypatch.setattr(targets, "_POOL", threading.local())  # the real pools: the next call sets them again
 
 
 def test_dtype_name_takes_names_dtypes_and_scalar_types():

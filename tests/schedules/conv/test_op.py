@@ -4,6 +4,7 @@ accepted, bind packing once, and the arrays each call refuses."""
 
 import numpy as np
 import pytest
+import tvm
 
 import schedules
 from schedules import aligned_empty, layouts
@@ -97,3 +98,63 @@ def test_bad_blocked_arrays(small_op):
         small_op.run_blocked(xb, _W)
     with pytest.raises(ValueError, match="out must have shape"):
         small_op.from_blocked(np.zeros((1, 1, 8, 8, 8), np.float32))
+
+
+# Read-only inputs, and outputs that cannot be written where asked (issue 26)
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def test_read_only_inputs_go_in_without_a_copy():
+    """A read-only array is a valid input (the modules never write their inputs): it reaches the
+    module through DLPack 1.0, which can say read-only, still without a copy where aligned."""
+    op = schedules.conv2d((1, 32, 9, 9), (32, 32, 3, 3), padding=1, threads=1, bias=True)
+    x, w, b = rand((1, 32, 9, 9)), rand((32, 32, 3, 3), 1), rand((32,), 2)
+    want = op(x, w, bias=b)
+    xb, wb, bb = (_read_only(a) for a in (op.to_blocked(x), op.pack_weights(w), op.pack_bias(b)))
+    op.lib = Spy(op.lib)
+    out = op.run_blocked(xb, wb, bb)
+    assert op.lib.seen[-1][:3] == [a.ctypes.data for a in (xb, wb, bb)]
+    np.testing.assert_array_equal(op.from_blocked(out), want)
+    x, w, b = (_read_only(a.copy()) for a in (x, w, b))
+    np.testing.assert_array_equal(op(x, w, bias=b), want)
+    np.testing.assert_array_equal(op.bind(w, bias=b)(x), want)
+
+
+def test_memory_mapped_read_only_inputs(tmp_path):
+    op = schedules.conv2d((1, 16, 6, 6), (16, 16, 3, 3), padding=1, threads=1)
+    x, w = rand((1, 16, 6, 6)), rand((16, 16, 3, 3), 1)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "w.npy", w)
+    xm, wm = np.load(tmp_path / "x.npy", mmap_mode="r"), np.load(tmp_path / "w.npy", mmap_mode="r")
+    assert not xm.flags.writeable
+    np.testing.assert_array_equal(op(xm, wm), op(x, w))
+
+
+def test_an_output_over_an_input_is_refused_where_it_would_be_wrong():
+    """run_blocked reads its input while writing out, tile by tile: out over the input or the
+    residual (numpy arrays or TVM tensors over the same memory) is refused. The NCHW path reads
+    the input into a blocked buffer first, so writing its result over the input is right, and
+    allowed."""
+    op = schedules.conv2d((1, 16, 8, 8), (16, 16, 3, 3), padding=1, threads=1, bias=True, residual=True)
+    x, w, b, r = rand((1, 16, 8, 8)), rand((16, 16, 3, 3), 1), rand((16,), 2), rand((1, 16, 8, 8), 3)
+    xb, wb, bb, rb = op.to_blocked(x), op.pack_weights(w), op.pack_bias(b), op.to_blocked(r)
+    for name, out in (("data", xb), ("residual", rb), ("data", tvm.runtime.from_dlpack(xb))):
+        with pytest.raises(ValueError, match=f"out overlaps {name}"):
+            op.run_blocked(xb, wb, bb, rb, out=out)
+    want = op(x, w, bias=b, residual=r)
+    np.testing.assert_array_equal(op.from_blocked(op.run_blocked(xb, wb, bb, rb)), want)
+    y = x.copy()
+    assert op(y, w, bias=b, residual=r, out=y) is y
+    np.testing.assert_array_equal(y, want)
+
+
+def test_a_read_only_output_is_refused():
+    op = schedules.conv2d((1, 16, 6, 6), (16, 16, 3, 3), padding=1, threads=1)
+    x, w = rand((1, 16, 6, 6)), rand((16, 16, 3, 3), 1)
+    with pytest.raises(ValueError, match="out is read-only"):
+        op.run_blocked(op.to_blocked(x), op.pack_weights(w), out=_read_only(aligned_empty(op.blocked_out_shape)))
+    with pytest.raises(ValueError, match="out is read-only"):
+        op(x, w, out=_read_only(np.zeros((1, 16, 6, 6), np.float32)))

@@ -31,6 +31,7 @@ Which convs run where (one log line each on the "tvm_microkernels.relax" logger,
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,7 @@ import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
+from tvm.sym import Analyzer
 
 from microkernels import DEFAULT_TILES
 
@@ -367,21 +369,27 @@ _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 
 
 def _undoes(outer, inner) -> bool:
-    """Whether layout_transform `outer` exactly undoes `inner` (no padding on either side, the
-    round trip the identity on every index of the original shape that we try)."""
-    a, b = inner.attrs, outer.attrs
-    if a.pad_value is not None or b.pad_value is not None:
+    """Whether layout_transform `outer` exactly undoes `inner`: neither pads, and the analyzer
+    proves that their composed index maps give back every index of the original shape."""
+    if inner.attrs.pad_value is not None or outer.attrs.pad_value is not None:
         return False
-    shape = _shape(inner.args[0])
-    if shape is None or shape != _shape(outer):
+    shape, between = _shape(inner.args[0]), _shape(inner)
+    # More elements in between means implicit padding (values left unspecified), which the
+    # outer map would write over the round trip's.
+    if shape is None or between is None or shape != _shape(outer) or math.prod(between) != math.prod(shape):
         return False
-    samples = {tuple(0 for _ in shape), tuple(d - 1 for d in shape), tuple(d // 2 for d in shape),
-               tuple(min(d - 1, i + 1) for i, d in enumerate(shape))}
-    for idx in samples:
-        back = b.index_map.map_indices(list(a.index_map.map_indices(list(idx))))
-        if tuple(int(v) for v in back) != idx:
-            return False
-    return True
+    there, back = inner.attrs.index_map, outer.attrs.index_map
+    if len(there.initial_indices) != len(shape) or len(back.initial_indices) != len(there.final_indices):
+        return False
+    # Sample indices cannot tell the identity from a permutation that fixes them (a transpose
+    # of a square map fixes its diagonal), so the composition is proved over the whole range.
+    analyzer = Analyzer()
+    for v, extent in zip(there.initial_indices, shape):
+        dtype = str(v.ty)
+        analyzer.bind(v, tvm.ir.Range.from_min_extent(tvm.tirx.const(0, dtype), tvm.tirx.const(extent, dtype)))
+    composed = back.map_indices(list(there.final_indices), analyzer)
+    return len(composed) == len(shape) and \
+        all(analyzer.can_prove_equal(e, v) for e, v in zip(composed, there.initial_indices))
 
 
 @expr_functor.mutator

@@ -15,6 +15,8 @@ from microkernels import best_host_isa
 from models import resnet
 from schedules import relax as mkrelax
 
+from ...conv_reference import assert_conv_close
+
 HOST = f"x86-{best_host_isa().name}"
 # Whole-network tolerance, relative to the output's largest magnitude: dozens of float32
 # convolutions (reductions up to 4608 long) each within a few ulps of their own sums, summed
@@ -256,3 +258,51 @@ def test_a_residual_after_a_depthwise_conv_stays_a_graph_add():
     assert report[0]["algorithm"] == "depthwise" and report[0]["post_ops"] == "" and calls(opt, "relax.add") == 1
     xv = rng.standard_normal((1, 32, 9, 9)).astype(np.float32)
     close(run(opt, xv), run(mod, xv))
+
+
+def _conv_after(shape, transforms, seed=8):
+    """x -> each layout_transform in turn -> a 3x3 conv from 16 to 16 channels."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = x
+            for index_map in transforms:
+                y = bb.emit(relax.op.layout_transform(y, index_map=index_map))
+            y = bb.emit(relax.op.nn.conv2d(y, relax.const(w), padding=1))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), w, rng.standard_normal(shape).astype(np.float32)
+
+
+def _swap_last_two(x):
+    return x.transpose(0, 1, 3, 2)
+
+
+def _transpose_thirds_of_w(x):  # w = 3a + b -> 3b + a
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h, 3, w // 3).swapaxes(3, 4).reshape(n, c, h, w)
+
+
+@pytest.mark.parametrize("shape, transforms, numpy_equivalent, left", [
+    # NCHW -> NHWC -> NCHW: a true round trip, which cancels.
+    ((1, 16, 3, 5), [lambda n, c, h, w: (n, h, w, c), lambda n, h, w, c: (n, c, h, w)], lambda x: x, 2),
+    # NCHW -> NHWC -> "NCWH": a transpose of H and W, the identity only where h == w, as at
+    # every index of a square map that sampling tried.
+    ((1, 16, 3, 3), [lambda n, c, h, w: (n, h, w, c), lambda n, h, w, c: (n, c, w, h)], _swap_last_two, 4),
+    # W split in thirds and fused back in the other order: one index differs from the
+    # identity, and only off w in {0, 4, 8}, where every sample of a 9-wide map lands.
+    ((1, 16, 4, 9), [lambda n, c, h, w: (n, c, h, w // 3, w % 3), lambda n, c, h, a, b: (n, c, h, b * 3 + a)],
+     _transpose_thirds_of_w, 4),
+], ids=["inverse", "nhwc_then_ncwh", "w_thirds_transposed"])
+def test_only_layout_transforms_proven_inverse_cancel(shape, transforms, numpy_equivalent, left):
+    mod, w, xv = _conv_after(shape, transforms)
+    opt = mkrelax.optimize(mod, HOST)
+    # ConvertLayout's pair around the blocked conv stays; the user's pair only if not an inverse.
+    assert calls(opt, "relax.layout_transform") == left
+    got = run(opt, xv)
+    close(got, run(mod, xv))
+    assert_conv_close(got, numpy_equivalent(xv), w, padding=1)
+

@@ -15,7 +15,7 @@ from microkernels import best_host_isa
 from models import resnet
 from schedules import relax as mkrelax
 
-from ...conv_reference import assert_conv_close
+from ...conv_reference import assert_conv_close, ref_conv2d
 
 HOST = f"x86-{best_host_isa().name}"
 # Whole-network tolerance, relative to the output's largest magnitude: dozens of float32
@@ -260,8 +260,8 @@ def test_a_residual_after_a_depthwise_conv_stays_a_graph_add():
     close(run(opt, xv), run(mod, xv))
 
 
-def _conv_after(shape, transforms, seed=8):
-    """x -> each layout_transform in turn -> a 3x3 conv from 16 to 16 channels."""
+def _conv_after(shape, transforms, tail=None, seed=8):
+    """x -> each layout_transform in turn -> a 3x3 conv from 16 to 16 channels [-> tail(y)]."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
     bb = relax.BlockBuilder()
@@ -272,7 +272,7 @@ def _conv_after(shape, transforms, seed=8):
             for index_map in transforms:
                 y = bb.emit(relax.op.layout_transform(y, index_map=index_map))
             y = bb.emit(relax.op.nn.conv2d(y, relax.const(w), padding=1))
-            out = bb.emit_output(y)
+            out = bb.emit_output(bb.emit(tail(y)) if tail else y)
         bb.emit_func_output(out)
     return bb.get(), w, rng.standard_normal(shape).astype(np.float32)
 
@@ -306,3 +306,13 @@ def test_only_layout_transforms_proven_inverse_cancel(shape, transforms, numpy_e
     close(got, run(mod, xv))
     assert_conv_close(got, numpy_equivalent(xv), w, padding=1)
 
+
+def test_a_maximum_with_a_nonzero_constant_is_not_a_relu():
+    """max(y, 0.5) is no ReLU and no clip (no minimum after it): it stays a graph op."""
+    mod, w, xv = _conv_after((1, 16, 6, 6), [], tail=lambda y: relax.op.maximum(y, relax.const(np.float32(0.5))))
+    report = []
+    opt = mkrelax.optimize(mod, HOST, report=report)
+    assert report[0]["runs_on"] == "ours" and report[0]["post_ops"] == "" and calls(opt, "relax.maximum") == 1
+    got = run(opt, xv)
+    close(got, run(mod, xv))
+    np.testing.assert_allclose(got, np.maximum(ref_conv2d(xv, w, padding=1), 0.5), rtol=1e-5, atol=1e-5)

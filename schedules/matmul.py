@@ -23,23 +23,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import intrinsics
 import numpy as np
 import tvm
+from tvm import s_tir, te
+
+import intrinsics
 from microkernels import MATMUL_TILES, GemmKernel, Isa
 from microkernels.f32_gemm import registers_needed
-from tvm import s_tir, te
 
 from .common.compiled import CompiledOp, check_operand, check_out, declare_user_aligned
 from .common.layouts import aligned_empty
-from .common.targets import (
-    check_elements,
-    check_emulate,
-    host_cache_bytes,
-    positive_int,
-    resolve,
-    thread_count,
-)
+from .common.targets import check_elements, check_emulate, host_cache_bytes, positive_int, resolve, thread_count
 from .common.tir import ceil_div
 
 
@@ -50,9 +44,13 @@ class Blocking:
 
     kc_max: int | None = None
 
+    def __post_init__(self):
+        if self.kc_max is not None:
+            object.__setattr__(self, "kc_max", positive_int("kc_max", self.kc_max))
+
     def kc_limit(self, nr: int) -> int:
         if self.kc_max is not None:
-            return positive_int("kc_max", self.kc_max)
+            return self.kc_max
         return max(256, host_cache_bytes(2, 512 * 1024) // 2 // (4 * nr))
 
 
@@ -297,12 +295,20 @@ def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = N
     threads = thread_count(threads)
     isa = resolve(target)
     emulate = check_emulate(emulate, isa)
+    if not isinstance(blocking, Blocking):
+        raise TypeError(f"blocking must be a schedules.Blocking, got {type(blocking).__name__}")
+    if kernel is not None and not isinstance(kernel, GemmKernel):
+        raise TypeError(f"kernel must be a microkernels.GemmKernel, got {type(kernel).__name__}")
     if kernel is not None and (kernel.isa != isa or not kernel.accumulate or kernel.batch_reduce
                                or kernel.col_block or kernel.epilogue):
         raise ValueError(f"kernel {kernel.name} does not fit target {target!r}: need a plain accumulating "
                          f"{isa.name} tile")
     p = plan(M, N, K, isa, kernel, blocking)
-    check_elements(packed_A=(p.mt, p.nk, p.kernel.mr, p.kc), packed_B=(p.nt, p.nk, p.kc, p.kernel.nr),
-                   C_tiles=(p.mt * p.kernel.mr, p.nt * p.kernel.nr))
+    # Besides the user's arrays: the packed B, the packed A where A is not read in place, and C
+    # padded to whole tiles. The padded C is no buffer (the tiles write C, or a scratch tile
+    # cropped into it) but TVM still indexes its row range in int32 (matmul(2147483, 1000, 1):
+    # "Literal value 2147484000 exceeds range of int32" deep in its lowering).
+    check_elements(packed_B=(p.nt, p.nk, p.kc, p.kernel.nr), C_padded_to_tiles=(p.mt * p.kernel.mr, p.nt * p.kernel.nr),
+                   **({"packed_A": (p.mt, p.nk, p.kernel.mr, p.kc)} if p.pack_a else {}))
     tail = matmul(M - p.M, N, K, target, threads, blocking=blocking, emulate=emulate) if p.M < M else None
     return MatmulOp(M, p, isa, _compile(p), threads, emulate, tail)

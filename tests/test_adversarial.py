@@ -135,6 +135,48 @@ CASES = [
         x = np.asfortranarray(np.zeros((1, 16, 6, 6), np.float32))
         schedules.conv2d(x.shape, (16, 16, 3, 3), target="x86-avx2")(x, np.zeros((16, 16, 3, 3), np.float32))
     """, "clear", "C-contiguous"),
+    # issue 26: the int32 limit checked on each path's own buffers
+    ("depthwise-blocked-input-over-int32", """
+        import schedules
+        schedules.conv2d((1, 17, 8200, 8200), (17, 1, 3, 3), groups=17, stride=4, target="x86-avx2")
+    """, "clear", r"data would hold 2151680000 elements \(1, 2, 8200, 8200, 16\)"),
+    ("depthwise-large-but-within-int32", """
+        import schedules
+        op = schedules.conv2d((1, 1024, 512, 512), (1024, 1, 3, 3), groups=1024, padding=1, target="x86-avx2")
+        return op.plan.algorithm == "depthwise" and op.blocked_out_shape == (1, 64, 512, 512, 16)
+    """, "right", None),
+    ("winograd-transformed-weights-over-int32", """
+        import schedules
+        schedules.conv2d((1, 8192, 4, 4), (8192, 8192, 3, 3), padding=1, algorithm="winograd", tile=6,
+                         target="x86-avx2")
+    """, "clear", r"transformed_weight would hold 4294967296 elements"),
+    ("matmul-padded-c-over-int32", """
+        import schedules
+        schedules.matmul(2147483, 1000, 1, target="x86-avx2")
+    """, "clear", "C_padded_to_tiles would hold"),
+    # issue 26: arguments validated where they enter
+    ("winograd-tile-numpy-int", """
+        import schedules
+        from tests import conv_reference
+        x = np.random.default_rng(0).standard_normal((1, 16, 12, 12), dtype=np.float32)
+        w = np.random.default_rng(1).standard_normal((16, 16, 3, 3), dtype=np.float32)
+        op = schedules.conv2d(x.shape, w.shape, padding=1, algorithm="winograd", tile=np.int64(6), target="x86-avx2")
+        ref = conv_reference.conv2d(x.astype(np.float64), w.astype(np.float64), padding=1)
+        return op.plan.tile == 6 and np.allclose(op(x, w), ref, rtol=1e-3, atol=1e-3)
+    """, "right", None),
+    ("winograd-tile-float", """
+        import schedules
+        schedules.conv2d((1, 16, 12, 12), (16, 16, 3, 3), padding=1, algorithm="winograd", tile=4.0,
+                         target="x86-avx2")
+    """, "clear", "tile must be an int, got float"),
+    ("conv-blocking-string", """
+        import schedules
+        schedules.ConvBlocking(l2_bytes="1M")
+    """, "clear", "l2_bytes must be an int, got str"),
+    ("matmul-blocking-not-a-blocking", """
+        import schedules
+        schedules.matmul(8, 16, 8, target="x86-avx2", blocking=256)
+    """, "clear", "blocking must be a schedules.Blocking"),
     ("winograd-on-arm", """
         import schedules
         schedules.conv2d((1, 8, 8, 8), (8, 8, 3, 3), dtype="uint8", target="armv7-neon", algorithm="winograd")

@@ -21,7 +21,7 @@ from microkernels import Isa
 from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
 
 from ..common import layouts
-from ..common.targets import check_array
+from ..common.targets import check_array, check_elements
 from ..common.tir import buffer, ceil_div, header, padded_pack, parse, region
 from .geometry import ConvBlocking, Geometry, PostOps
 from .op import Conv2dOp
@@ -148,6 +148,9 @@ def schedule(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threa
     if post.residual:
         raise ValueError("a depthwise conv2d fuses bias and an activation, not a residual")
     vh = _band_rows(g, blocking, threads)
+    s = shapes(g)
+    check_elements(data=s["data"], weight=s["weight"], output=s["out"],
+                   band=(g.input_rows(vh), g.input_cols(g.out_hw[1]), BLOCK))
     lines, tile = render(g, isa, vh, post)
     sch = s_tir.Schedule(parse(lines))
     if tile is not None:

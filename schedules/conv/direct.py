@@ -24,6 +24,7 @@ from intrinsics.f32_conv import ConvTile, element_body, reduce_axes, register_co
 from microkernels import GemmKernel, Isa
 from microkernels.f32_gemm import registers_needed
 
+from ..common.targets import check_elements
 from ..common.tir import buffer, header, parse, region
 from .geometry import ConvBlocking, Geometry, PostOps, segments
 from .plans import DirectPlan, largest_divisor
@@ -169,6 +170,8 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     """The layer's tensorized module (not compiled) and its DirectPlan; threads: the pool it
     divides, mr: the tile's rows."""
     vh, band_parallel = bands(g, blocking, threads)
+    check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
+                   band=(g.groups * g.nb, g.input_rows(vh), g.input_cols(g.out_hw[1]), g.bi))
     blocks = output_blocks(g, isa, mr)
     lines, tiles = render(g, isa, mr, vh, band_parallel, post, blocks)
     sch = s_tir.Schedule(parse(lines))

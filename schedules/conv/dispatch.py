@@ -16,7 +16,7 @@ import os
 from intrinsics.f32_conv import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
-from ..common.targets import check_emulate, dtype_name, resolve, thread_count
+from ..common.targets import check_emulate, dtype_name, positive_int, resolve, thread_count
 from . import depthwise, direct, grouped, int8_arm, winograd
 from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
 from .op import Conv2dOp, Scheduled
@@ -88,6 +88,12 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
         raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
     if tile is not None and algorithm != "winograd":
         raise ValueError(f"tile={tile!r} applies to algorithm='winograd' only")
+    if tile is not None:
+        tile = positive_int("tile", tile)  # numpy integers too; the family says which tiles it has
+    if not isinstance(blocking, ConvBlocking):
+        raise TypeError(f"blocking must be a schedules.ConvBlocking, got {type(blocking).__name__}")
+    if not isinstance(post_ops, PostOps):
+        raise TypeError(f"post_ops must be a schedules.PostOps, got {type(post_ops).__name__}")
     threads = thread_count(threads)
     isa = resolve(target)
     emulate = check_emulate(emulate, isa)

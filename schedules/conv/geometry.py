@@ -91,6 +91,10 @@ class ConvBlocking:
 
     l2_bytes: int | None = None
 
+    def __post_init__(self):
+        if self.l2_bytes is not None:
+            object.__setattr__(self, "l2_bytes", positive_int("l2_bytes", self.l2_bytes))
+
     @property
     def l2(self) -> int:
         return self.l2_bytes if self.l2_bytes is not None else host_cache_bytes(2, 512 * 1024)
@@ -201,9 +205,11 @@ class Geometry:
             raise ValueError(f"the (dilated) kernel {eh}x{ew} is larger than the padded input "
                              f"{h + pad[0] + pad[2]}x{w + pad[1] + pad[3]}")
         g = cls(n, c, h, w, o, kh, kw, stride, pad, dilation, groups, block)
-        # Before any planning: a padding of 10**9 must be refused here, not iterated over.
-        check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
-                       padded_input=(n, g.groups * g.nb, h + pad[0] + pad[2], w + pad[1] + pad[3], g.bi))
+        # The user's arrays and the padded input, before any planning (a padding of 10**9 must be
+        # refused here, not iterated over). Each family checks its own blocked buffers, whose
+        # channel padding differs from family to family.
+        check_elements(data=(n, c, h, w), weight=(o, cg, kh, kw), output=(n, o, *g.out_hw),
+                       padded_input=(n, c, h + pad[0] + pad[2], w + pad[1] + pad[3]))
         return g
 
 

@@ -8,14 +8,21 @@ before they were typed; `as_dict()` gives the fields for JSON.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending, in O(sqrt n) steps (a map may be millions of rows tall)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def largest_divisor(n: int, fits: Callable[[int], bool]) -> int | None:
     """The largest divisor d of n with fits(d), or None when none fits. Bands are whole
     divisors of the rows (or tile rows) so that every band is alike: one loop, no tail band."""
-    return max((d for d in range(1, n + 1) if n % d == 0 and fits(d)), default=None)
+    return next((d for d in reversed(divisors(n)) if fits(d)), None)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino
 
 from ..common import layouts
-from ..common.targets import check_array
+from ..common.targets import check_array, check_elements
 from ..common.tir import buffer, ceil_div, ceil_to, header, parse, region
 from .geometry import NO_POST_OPS, ConvBlocking, Geometry, PostOps, segments
 from .op import Conv2dOp
@@ -227,7 +227,12 @@ def schedule(g: Geometry, isa: Isa, m: int, post: PostOps, blocking: ConvBlockin
         raise ValueError(f"Winograd tile must be one of {TILES} (F(m x m, 3 x 3)), got {m!r}")
     if g.block != BLOCK:
         raise ValueError(f"Winograd runs on {BLOCK}-channel blocks, got {g.block}")
+    # U grows with alpha^2 / 9 of the weights: refused here, not deep in TVM's lowering.
+    check_elements(data=g.data_shape, transformed_weight=blocked_weight_shape(g, m), output=g.out_shape)
     vt, band_parallel, o_parallel = _plan(g, m, blocking, threads)
+    alpha, tw = m + 2, ceil_div(g.out_hw[1], m)
+    check_elements(band=(ceil_div(g.c, BLOCK), vt * m + 2, tw * m + 2, BLOCK),
+                   band_transformed=(alpha, alpha, vt * tw, ceil_to(g.c, BLOCK)))
     lines, tiles = render(g, isa, m, vt, band_parallel, o_parallel, post)
     sch = s_tir.Schedule(parse(lines))
     for name, intrin in tiles:

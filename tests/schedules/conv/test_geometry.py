@@ -100,3 +100,22 @@ def test_quantization_names_dtypes_and_defaults_the_weights():
     assert Quantization(np.dtype("int8"), weight_dtype=np.int8).weight_dtype == "int8"
     with pytest.raises(TypeError, match="weight_dtype must be a dtype name"):
         Quantization("int8", weight_dtype=object())
+
+
+def test_geometry_checks_the_users_arrays_and_leaves_blocked_ones_to_the_families():
+    """A depthwise layer's blocked output is (N, C/16, H, W, 16), not one 16-lane block per
+    group: Geometry.of checks the NCHW arrays, and each family its own blocked buffers."""
+    g = Geometry.of(ConvParams((1, 1024, 512, 512), (1024, 1, 3, 3), groups=1024, padding=1))
+    assert g.out_shape[1] * g.out_shape[-1] * 512 * 512 > 2**31  # a generic block per group: too large
+    with pytest.raises(ValueError, match=r"output would hold 10000200001 elements \(1, 1, 100001, 100001\)"):
+        Geometry.of(ConvParams((1, 1, 1, 1), (1, 1, 1, 1), padding=50000))  # refused before any planning
+    with pytest.raises(ValueError, match=r"output would hold 4194304000 elements \(1, 1000, 2048, 2048\)"):
+        Geometry.of(ConvParams((1, 1, 2048, 2048), (1000, 1, 1, 1)))
+
+
+def test_blocking_budgets_are_checked():
+    with pytest.raises(TypeError, match="l2_bytes must be an int, got str"):
+        ConvBlocking(l2_bytes="1M")
+    with pytest.raises(ValueError, match="l2_bytes must be >= 1"):
+        ConvBlocking(l2_bytes=0)
+    assert ConvBlocking(l2_bytes=np.int64(1 << 20)).l2 == 1 << 20

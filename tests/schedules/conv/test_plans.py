@@ -58,3 +58,21 @@ def test_plans_are_values():
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.band_rows = 1
     assert dataclasses.replace(p, band_rows=1).band_rows == 1 and p.band_rows == 7
+
+
+@given(st.integers(1, 5000))
+def test_divisors_are_every_divisor_in_order(n):
+    from schedules.conv.plans import divisors
+
+    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+def test_divisors_of_a_tall_map_take_no_time():
+    """A map of 2**30 rows (valid as NCHW) must not be walked row by row to plan its bands."""
+    import time
+
+    from schedules.conv.plans import divisors
+
+    start = time.perf_counter()
+    assert divisors(2**30)[-3:] == [2**28, 2**29, 2**30]
+    assert time.perf_counter() - start < 0.5

@@ -57,6 +57,22 @@ def test_depthwise_matches_the_reference(isa):
     check()
 
 
+@pytest.mark.parametrize("isa", X86, ids=X86_IDS)
+@pytest.mark.parametrize("stride, dilation, padding", [(2, 1, 1), (3, 1, (2, 0, 1, 2)), (1, 2, 2), (2, 2, 3)])
+def test_several_bands_start_where_their_rows_do(isa, stride, dilation, padding):
+    """A budget small enough for one or two output rows per band whatever the host's L2: band
+    b's input starts b * rows * stride rows down (padding, stride and dilation included)."""
+    ds, ws = (1, 24, 29, 13), (48, 1, 3, 3)
+    op = schedules.conv2d(ds, ws, stride=stride, dilation=dilation, padding=padding, groups=24, **on(isa),
+                          blocking=schedules.ConvBlocking(l2_bytes=8 * 1024))
+    assert op.plan.band_rows < op.geometry.out_hw[0], op.plan
+    rng = np.random.default_rng(stride * 10 + dilation)
+    x, w = rng.standard_normal(ds, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    layer = dict(stride=stride, dilation=dilation, padding=padding, groups=24)
+    tol = 11 * EPS * ref_conv2d(np.abs(x), np.abs(w), **layer) + np.finfo(np.float32).tiny  # 9 taps + 2
+    assert (np.abs(op(x, w) - ref_conv2d(x, w, **layer)) <= tol).all()
+
+
 def test_blocked_layouts_pad_channels_as_a_whole():
     """40 channels -> 3 blocks (not 40 one-channel groups each padded to 16), weights
     (OB, KH, KW, 16), and run_blocked agrees with the NCHW call."""

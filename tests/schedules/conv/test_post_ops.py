@@ -95,3 +95,20 @@ def test_calls_must_pass_exactly_the_compiled_inputs():
 def test_post_ops_are_x86_float32_only():
     with pytest.raises(ValueError, match="fused on the x86 float32 conv2d only"):
         schedules.conv2d((1, 16, 8, 8), (16, 16, 3, 3), dtype="int8", target="armv7-neon", activation="relu")
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "winograd"])
+def test_bias_is_added_before_the_residual_bit_for_bit(algorithm):
+    """out = (conv + bias) + residual, in that order, as PostOps says and the unfused graph
+    computes it. With conv = 1, bias = 2**24 and residual = -2**24, float32 gives exactly 0 in
+    that order (1 + 2**24 rounds to 2**24) and 1 in the other ((1 - 2**24) + 2**24): a bound that
+    allows rounding cannot see the order, this can."""
+    x = np.zeros((1, 16, 6, 6), np.float32)
+    x[:, 0] = 1
+    w = np.zeros((16, 16, 3, 3), np.float32)
+    w[:, 0, 1, 1] = 1  # the centre tap of channel 0: every output of the conv is 1
+    b = np.full(16, 2.0**24, np.float32)
+    r = np.full((1, 16, 4, 4), -(2.0**24), np.float32)
+    op = schedules.conv2d(x.shape, w.shape, target=HOST, algorithm=algorithm, tile=4 if algorithm == "winograd" else None,
+                          bias=True, residual=True)
+    np.testing.assert_array_equal(op(x, w, bias=b, residual=r), np.zeros((1, 16, 4, 4), np.float32))

@@ -48,11 +48,11 @@ def winograd_bound(x, w, m, padding):
     return rounds * EPS * y + np.finfo(np.float32).tiny
 
 
-def check(m, data_shape, weight_shape, padding, rng, threads=None):
+def check(m, data_shape, weight_shape, padding, rng, threads=None, blocking=None):
     x = rng.standard_normal(data_shape, dtype=np.float32)
     w = rng.standard_normal(weight_shape, dtype=np.float32)
     op = schedules.conv2d(data_shape, weight_shape, padding=padding, algorithm="winograd", tile=m,
-                          target=HOST, threads=threads)
+                          target=HOST, threads=threads, blocking=blocking or schedules.ConvBlocking())
     got = op(x, w)
     ref = conv_reference.conv2d(x.astype(np.float64), w.astype(np.float64), padding=padding)
     assert got.shape == ref.shape and got.dtype == np.float32
@@ -82,6 +82,17 @@ def test_resnet_like_layer_and_threads(m, rng):
     assert op.plan["algorithm"] == "winograd" and op.plan["tile"] == m
     # Two threads split the bands when there are two, the output blocks otherwise.
     assert op.plan["band_parallel"] == (op.plan["bands"] >= 2) != op.plan["block_parallel"], op.plan
+
+
+@pytest.mark.parametrize("m", sorted(wino.POINTS))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_several_bands_share_their_halo(m, threads, rng):
+    """A budget small enough for several bands whatever the host's L2: each band's input starts
+    m*VT rows below the previous one's and reads 2 rows past its end (the 3x3 halo), padding
+    included at the top and bottom band."""
+    op, *_ = check(m, (1, 32, 23, 21), (20, 32, 3, 3), (1, 2, 2, 1), rng, threads=threads,
+                   blocking=schedules.ConvBlocking(l2_bytes=16 * 1024))
+    assert op.plan.bands >= 3, op.plan
 
 
 def test_blocked_path_chains_with_direct(rng):

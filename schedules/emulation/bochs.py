@@ -9,6 +9,10 @@ either side, its end placed at the end of its last page (rounded up to 64 bytes,
 TVM assumes), so a kernel that reads or writes past a buffer's end stops on a page fault
 instead of corrupting memory silently. The call is __tvm_ffi_main(NULL, args, n, &result)
 with DLTensor arguments laid out here, returning into a hlt.
+
+One op may be called from several Python threads: writing the module out and the cached work
+folder and harness object are guarded by one lock, the emulator by another; each call links in
+a folder of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ DL_TENSOR_PTR = 7  # kTVMFFIDLTensorPtr
 MAX_INSTRUCTIONS = 2_000_000_000  # a runaway kernel fails instead of hanging a test
 ARENA_BYTES = 16 << 20  # TVM workspace (scratch buffers above its stack limit)
 _LOCK = threading.Lock()  # Bochs' physical memory and CPU are per process
+# TVM's write_to_file on a module two threads share frees memory twice (the process aborts),
+# and the lru_caches below could build the folder or the harness twice: all under this lock.
+_BUILD_LOCK = threading.Lock()
 
 # Guest virtual layout (long mode, 4 KiB pages): the image where the linker put it (0x400000),
 # arguments from ARG_BASE each in its own range, the workspace arena, the stack.
@@ -91,22 +98,29 @@ def _harness_object() -> Path:
 def link(lib) -> tuple[list[tuple[int, bytes, int, bool]], dict[str, int]]:
     """The image's loadable segments (address, file bytes, size in memory, writable) and its
     symbols, for `lib` (a tvm.compile result for an x86-64 target)."""
-    with _LOCK:
+    with _BUILD_LOCK:
         harness = _harness_object()
         tmp = Path(tempfile.mkdtemp(dir=_workdir().name))
-    obj, image = tmp / "kernel.o", tmp / "image"
-    lib.mod.write_to_file(str(obj))
-    proc = subprocess.run(["gcc", "-static", "-nostdlib", "-no-pie", "-Wl,-e,mk_halt", "-Wl,--build-id=none",
-                           "-o", str(image), str(harness), str(obj)], capture_output=True, text=True)
-    if proc.returncode:
-        raise EmulatorError(f"linking the kernel with the freestanding harness failed:\n{proc.stderr}")
-    data = image.read_bytes()
-    symbols = {}
-    for line in subprocess.run(["nm", str(image)], check=True, capture_output=True, text=True).stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3:
-            symbols[parts[2]] = int(parts[0], 16)
-    shutil.rmtree(tmp, ignore_errors=True)
+        obj, image = tmp / "kernel.o", tmp / "image"
+        try:
+            lib.mod.write_to_file(str(obj))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    # The rest touches only this call's folder, so threads may link at once.
+    try:
+        proc = subprocess.run(["gcc", "-static", "-nostdlib", "-no-pie", "-Wl,-e,mk_halt", "-Wl,--build-id=none",
+                               "-o", str(image), str(harness), str(obj)], capture_output=True, text=True)
+        if proc.returncode:
+            raise EmulatorError(f"linking the kernel with the freestanding harness failed:\n{proc.stderr}")
+        data = image.read_bytes()
+        symbols = {}
+        for line in subprocess.run(["nm", str(image)], check=True, capture_output=True, text=True).stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                symbols[parts[2]] = int(parts[0], 16)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return _segments(data), symbols
 
 

@@ -1,6 +1,7 @@
 """schedules.emulation.bochs: x86 modules on the Bochs CPU. A kernel that runs past a buffer
-stops on a fault that names the buffer; arguments are checked as qemu's are. (Whole operators
-emulated, bit-exact with native runs: tests/schedules/test_x86_targets.py.)"""
+stops on a fault that names the buffer; arguments are checked as qemu's are; an op may be
+shared by threads. (Whole operators emulated, bit-exact with native runs:
+tests/schedules/test_x86_targets.py.)"""
 
 import numpy as np
 import pytest
@@ -9,6 +10,8 @@ from tvm.script import tirx as T
 
 from microkernels import AVX512, GemmKernel
 from schedules.emulation import bochs
+
+from ...test_adversarial import classify
 
 def test_a_kernel_running_past_its_buffer_is_stopped():
     """A 28x16 beta=0 tile told to write 28 rows into a 27-row C: the last row lands on the
@@ -34,3 +37,65 @@ def test_a_call_is_checked_before_the_emulator_runs():
         bochs.run(lib, [np.zeros(4, np.float32), [1.0]], [0])
     with pytest.raises(IndexError, match="output index 2 out of range for 2 args"):
         bochs.run(lib, [np.zeros(4, np.float32), np.zeros(4, np.float32)], [2])
+
+
+THREADS, CALLS = 4, 5
+# What each op is built from (emulate= is added), its inputs' shapes, and how a result is
+# checked against numpy where this host cannot run AVX-512 natively.
+SHARED = {
+    "matmul": ("matmul(13, 32, 9", [(13, 9), (9, 32)], "assert_close_f32(got, *inputs)"),
+    "conv2d": ("conv2d((1, 16, 9, 11), (24, 16, 3, 3), padding=1, algorithm='direct'",
+               [(1, 16, 9, 11), (24, 16, 3, 3)], "assert_conv_close(got, *inputs, padding=1)"),
+}
+
+
+@pytest.mark.parametrize("name", list(SHARED))
+def test_emulated_op_shared_by_threads(name):
+    """Issue 26: one emulated op called from 4 Python threads at once aborted the process
+    ("double free or corruption": TVM's write_to_file on the shared module, unguarded). In a
+    process of its own, so a crash fails this test instead of ending pytest. Each result is
+    bit-exact with the native op where the host runs AVX-512, else within numpy's bound."""
+    call, shapes, check = SHARED[name]
+    got = classify(f"""
+        import threading
+        import schedules
+        from microkernels import AVX512
+        from tests.conftest import assert_close_f32
+        from tests.conv_reference import assert_conv_close
+        def build(emulate):
+            return schedules.{call}, target="x86-avx512", emulate=emulate)
+        rng = np.random.default_rng(0)
+        inputs = [rng.standard_normal(s, dtype=np.float32) for s in {shapes!r}]
+        op = build(True)
+        assert op.emulate
+        results, errors = [], []
+        # Every call of every thread starts together, the first too (no warm-up call).
+        start = threading.Barrier({THREADS})
+        def loop():
+            try:
+                for _ in range({CALLS}):
+                    start.wait()
+                    results.append(op(*inputs))
+            except BaseException as err:
+                errors.append(err)
+                start.abort()  # the other threads stop waiting for this one
+        threads = [threading.Thread(target=loop) for _ in range({THREADS})]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        if len(results) != {THREADS * CALLS}:
+            return False
+        if AVX512.host_supports():
+            want = build(False)(*inputs)
+            return all(np.array_equal(got, want) for got in results)
+        try:
+            for got in results:
+                {check}
+        except AssertionError:
+            return False
+        return True
+    """)
+    assert got["outcome"] == "right", got

@@ -8,7 +8,8 @@ address space we build page by page. Each argument gets its own pages with an un
 either side, its end placed at the end of its last page (rounded up to 64 bytes, the alignment
 TVM assumes), so a kernel that reads or writes past a buffer's end stops on a page fault
 instead of corrupting memory silently. The call is __tvm_ffi_main(NULL, args, n, &result)
-with DLTensor arguments laid out here, returning into a hlt.
+with DLTensor arguments laid out here, made by the harness's mk_enter, which aligns the stack
+as the x86-64 ABI requires and returns into a hlt.
 
 One op may be called from several Python threads: writing the module out and the cached work
 folder and harness object are guarded by one lock, the emulator by another; each call links in
@@ -109,7 +110,7 @@ def link(lib) -> tuple[list[tuple[int, bytes, int, bool]], dict[str, int]]:
             raise
     # The rest touches only this call's folder, so threads may link at once.
     try:
-        proc = subprocess.run(["gcc", "-static", "-nostdlib", "-no-pie", "-Wl,-e,mk_halt", "-Wl,--build-id=none",
+        proc = subprocess.run(["gcc", "-static", "-nostdlib", "-no-pie", "-Wl,-e,mk_enter", "-Wl,--build-id=none",
                                "-o", str(image), str(harness), str(obj)], capture_output=True, text=True)
         if proc.returncode:
             raise EmulatorError(f"linking the kernel with the freestanding harness failed:\n{proc.stderr}")
@@ -249,8 +250,6 @@ def _run(b, segments, symbols, args, outputs):
         mem.map(META_BASE, len(meta))
         mem.write(META_BASE, meta)
         mem.map(STACK_TOP - STACK_BYTES, STACK_BYTES)
-        rsp = STACK_TOP - 64
-        mem.write(rsp, struct.pack("<Q", symbols["mk_halt"]))  # the return address
 
         cr3 = 0x10_0000
         mem.commit(cr3)
@@ -266,8 +265,10 @@ def _run(b, segments, symbols, args, outputs):
         state.xcr0 = 0xE7  # x87, SSE, AVX and the three AVX-512 state components
         state.mxcsr = 0x1F80
         state.cr3 = cr3
-        state.rip = symbols["__tvm_ffi_main"]
-        state.rsp = rsp
+        # Not a jump to the function over a hand-made return address: entered by mk_enter's
+        # call, it finds rsp = 8 mod 16 as the ABI promises, whatever rsp starts at here.
+        state.rip, state.r11 = symbols["mk_enter"], symbols["__tvm_ffi_main"]
+        state.rsp = STACK_TOP - 64
         state.rdi, state.rsi, state.rdx, state.rcx = 0, anys_at, len(args), result_at
         # Ring 0, so that the hlt we return into is allowed (and stops the run) rather than a #GP.
         state.cs = _segment(b, 0x08, 0x209B)  # 64-bit code, DPL 0

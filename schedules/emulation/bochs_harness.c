@@ -1,8 +1,8 @@
-/* The freestanding side of an emulated x86 run (schedules/bochs.py): what a TVM-compiled
- * object imports, with no C library and no operating system under it.
+/* The freestanding side of an emulated x86 run (schedules/emulation/bochs.py): what a
+ * TVM-compiled object imports, with no C library and no operating system under it.
  *
  * Python loads the linked image into the Bochs CPU, lays out the DLTensor arguments itself and
- * calls __tvm_ffi_main directly with a return address pointing at mk_halt. Everything here is
+ * starts the CPU at mk_enter with the call's arguments in registers. Everything here is
  * single-threaded: a parallel loop runs as one task that covers every iteration.
  */
 #include <stddef.h>
@@ -80,5 +80,15 @@ void* (*__TVMBackendAllocWorkspace)(int, int, uint64_t, int, int) = alloc_worksp
 int (*__TVMBackendFreeWorkspace)(int, int, void*) = free_workspace;
 int (*__TVMBackendParallelLaunch)(FTVMParallelLambda, void*, int) = parallel_launch;
 
-/* Where the call returns: the emulator stops at hlt. */
-__attribute__((naked)) void mk_halt(void) { __asm__ volatile("hlt"); }
+/* The emulator starts here with the entry function's address in r11 and its arguments in
+ * rdi, rsi, rdx, rcx. The SysV ABI promises every function rsp + 8 divisible by 16 on entry,
+ * and compilers rely on it: LLVM spills vectors with aligned moves (vmovaps to -0x80(%rsp)),
+ * which fault when the promise is broken. Aligning rsp here and entering by a real call makes
+ * the promise hold whatever stack pointer the emulator was started with. The function's return
+ * lands on hlt, which stops the emulator with the result in rax. */
+__attribute__((naked)) void mk_enter(void) {
+  __asm__ volatile(
+      "and $-16, %rsp\n\t"
+      "call *%r11\n\t"
+      "hlt");
+}

@@ -1,16 +1,18 @@
 """schedules.emulation.bochs: x86 modules on the Bochs CPU. A kernel that runs past a buffer
-stops on a fault that names the buffer; arguments are checked as qemu's are; an op may be
-shared by threads. (Whole operators emulated, bit-exact with native runs:
-tests/schedules/test_x86_targets.py.)"""
+stops on a fault that names the buffer; arguments are checked as qemu's are; functions are
+entered with the stack the ABI promises; an op may be shared by threads. (Whole operators
+emulated, bit-exact with native runs: tests/schedules/test_x86_targets.py.)"""
 
 import numpy as np
 import pytest
 import tvm
 from tvm.script import tirx as T
 
+import schedules
 from microkernels import AVX512, GemmKernel
 from schedules.emulation import bochs
 
+from ...conftest import assert_close_f32
 from ...test_adversarial import classify
 
 def test_a_kernel_running_past_its_buffer_is_stopped():
@@ -37,6 +39,55 @@ def test_a_call_is_checked_before_the_emulator_runs():
         bochs.run(lib, [np.zeros(4, np.float32), [1.0]], [0])
     with pytest.raises(IndexError, match="output index 2 out of range for 2 args"):
         bochs.run(lib, [np.zeros(4, np.float32), np.zeros(4, np.float32)], [2])
+
+
+@pytest.mark.parametrize("mnk", [(1, 16, 4), (1, 32, 4), (1, 17, 4), (12, 37, 40), (13, 37, 19)], ids=str)
+def test_matmul_whose_code_spills_to_aligned_stack_slots(mnk):
+    """Issue 26: these shapes stopped on a general protection fault at `vmovaps %xmm0,
+    -0x80(%rsp)`, LLVM's aligned spill, because the harness entered the module with rsp 16-byte
+    aligned instead of the ABI's 8 mod 16. Natively they were always right."""
+    m, n, k = mnk
+    rng = np.random.default_rng(sum(mnk))
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    assert_close_f32(schedules.matmul(m, n, k, target="x86-avx512", emulate=True)(a, b), a, b)
+
+
+# Stores the address of its own return address, i.e. rsp as it was on entry; noinline, so that
+# it is a function called from the module's code, as the kernels' helpers are.
+ENTRY_RSP_IR = """
+define internal void @mk_entry_rsp(ptr %out) noinline {
+  %slot = call ptr @llvm.addressofreturnaddress.p0()
+  %rsp = ptrtoint ptr %slot to i64
+  store i64 %rsp, ptr %out, align 8
+  ret void
+}
+declare ptr @llvm.addressofreturnaddress.p0()
+"""
+
+
+def entry_rsp_module():
+    @T.prim_func(s_tir=True)
+    def main(out: T.Buffer((1,), "int64")):
+        with T.attr(0, "pragma_import_llvm", ENTRY_RSP_IR):
+            T.evaluate(T.call_extern("void", "mk_entry_rsp", out.access_ptr("w")))
+
+    # Baseline x86-64: the probe runs natively on any x86 host, so both runs can be compared.
+    return tvm.compile(tvm.IRModule({"main": main}), target={"kind": "llvm", "mtriple": "x86_64-linux-gnu"})
+
+
+def test_functions_are_entered_with_the_abi_stack_alignment(monkeypatch):
+    """What a function called from the module sees on entry: rsp = 8 mod 16, as natively (the
+    call pushed an 8-byte return address onto a 16-byte aligned stack), whatever stack pointer
+    the emulator starts with."""
+    lib = entry_rsp_module()
+    native = tvm.runtime.tensor(np.zeros(1, np.int64))
+    lib["main"](native)
+    assert native.numpy()[0] % 16 == 8, "the probe does not read what the ABI promises"
+    top = bochs.STACK_TOP
+    for offset in (0, 4, 8):
+        monkeypatch.setattr(bochs, "STACK_TOP", top - offset)
+        (rsp,) = bochs.run(lib, [np.zeros(1, np.int64)], [0])
+        assert rsp[0] % 16 == 8, f"stack top - {offset}: entered with rsp {int(rsp[0]):#x}"
 
 
 THREADS, CALLS = 4, 5

@@ -213,6 +213,7 @@ def run(lib, args: list[np.ndarray], outputs: list[int]) -> list[np.ndarray]:
 
 def _run(b, segments, symbols, args, outputs):
     mem = _Memory(b)
+    sess = None
     try:
         for vaddr, data, memsz, writable in segments:
             mem.map(vaddr, memsz, writable)
@@ -307,6 +308,10 @@ def _run(b, segments, symbols, args, outputs):
         return [np.frombuffer(mem.read(where[k], args[k].nbytes), dtype=args[k].dtype).reshape(args[k].shape).copy()
                 for k in outputs]
     finally:
+        # Bochs has one CPU per process: a session still alive when the next run makes its own
+        # aborts the process ("free(): invalid pointer"). A caller that keeps an EmulatorError
+        # keeps this frame through its traceback, so the frame must not keep the session.
+        sess = None
         mem.release()
 
 

@@ -1,7 +1,8 @@
 """schedules.emulation.bochs: x86 modules on the Bochs CPU. A kernel that runs past a buffer
-stops on a fault that names the buffer; arguments are checked as qemu's are; functions are
-entered with the stack the ABI promises; an op may be shared by threads. (Whole operators
-emulated, bit-exact with native runs: tests/schedules/test_x86_targets.py.)"""
+stops on a fault that names the buffer, and a kept fault does not break the next run;
+arguments are checked as qemu's are; functions are entered with the stack the ABI promises; an
+op may be shared by threads. (Whole operators emulated, bit-exact with native runs:
+tests/schedules/test_x86_targets.py.)"""
 
 import numpy as np
 import pytest
@@ -15,9 +16,9 @@ from schedules.emulation import bochs
 from ...conftest import assert_close_f32
 from ...test_adversarial import classify
 
-def test_a_kernel_running_past_its_buffer_is_stopped():
-    """A 28x16 beta=0 tile told to write 28 rows into a 27-row C: the last row lands on the
-    unmapped page behind C, and the run stops naming the buffer, not corrupting memory."""
+
+def past_the_end():
+    """A 28x16 beta=0 tile told to write 28 rows into a 27-row C, and its arguments."""
     kern = GemmKernel(AVX512, 28, 16, accumulate=False)
     sym, ir = kern.name, kern.llvm_ir()
 
@@ -28,7 +29,13 @@ def test_a_kernel_running_past_its_buffer_is_stopped():
                                      C.access_ptr("w"), 16, 8))
 
     lib = tvm.compile(tvm.IRModule({"main": oob}), target=AVX512.target)
-    args = [np.ones((28, 8), np.float32), np.ones((8, 16), np.float32), np.zeros((27, 16), np.float32)]
+    return lib, [np.ones((28, 8), np.float32), np.ones((8, 16), np.float32), np.zeros((27, 16), np.float32)]
+
+
+def test_a_kernel_running_past_its_buffer_is_stopped():
+    """The last row of past_the_end's tile lands on the unmapped page behind C, and the run
+    stops naming the buffer, not corrupting memory."""
+    lib, args = past_the_end()
     with pytest.raises(bochs.EmulatorError, match=r"page fault .*write .*past the end of args\[2\]"):
         bochs.run(lib, args, [2])
 
@@ -88,6 +95,26 @@ def test_functions_are_entered_with_the_abi_stack_alignment(monkeypatch):
         monkeypatch.setattr(bochs, "STACK_TOP", top - offset)
         (rsp,) = bochs.run(lib, [np.zeros(1, np.int64)], [0])
         assert rsp[0] % 16 == 8, f"stack top - {offset}: entered with rsp {int(rsp[0]):#x}"
+
+
+def test_a_kept_emulator_error_does_not_break_the_next_run():
+    """A caller that keeps an EmulatorError (pytest does, for a failed test) kept the Bochs
+    session alive through the traceback, and the next emulated call aborted the process
+    ("free(): invalid pointer"). In a process of its own, so that abort fails only this test."""
+    got = classify("""
+        from schedules.emulation import bochs
+        from tests.schedules.emulation.test_bochs import entry_rsp_module, past_the_end
+        lib, args = past_the_end()
+        kept = []
+        for _ in range(2):
+            try:
+                bochs.run(lib, args, [2])
+            except bochs.EmulatorError as err:
+                kept.append(err)
+        (rsp,) = bochs.run(entry_rsp_module(), [np.zeros(1, np.int64)], [0])
+        return len(kept) == 2 and rsp[0] % 16 == 8
+    """)
+    assert got["outcome"] == "right", got
 
 
 THREADS, CALLS = 4, 5

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tvm.script import parser
 from tvm.script import tirx as T
@@ -148,95 +149,133 @@ def epilogue_expr(value: str, bias_ref: str | None = None, res_ref: str | None =
     return value
 
 
-def _render(tile: ConvTile, impl: bool) -> str:
+# The text every conv-family intrinsic (this one, f32_dwconv's rows, int_conv's tiles) writes alike.
+class Operand(NamedTuple):
+    """One buffer of an intrinsic: its parameter, its name, shape and dtype, and its strides as
+    TVMScript (None: compact)."""
+
+    param: str
+    name: str
+    shape: tuple
+    dtype: str = "float32"
+    strides: str | None = None
+
+
+def frame(operands: list[Operand]) -> list[str]:
+    """The signature, the buffers and the root block's reads and writes of an intrinsic whose
+    operands are given in parameter order, the output last: what a description and its
+    implementation share. The output leads the reads, as in the block TIR infers around an
+    update that reads it, which is the block tensorize builds around the workload's loops."""
+    region = lambda o: f"{o.name}[{', '.join(f'0:{e}' for e in o.shape)}]"  # noqa: E731
+    out = operands[-1]
+    return [
+        "@T.prim_func(s_tir=True)",
+        f"def f({', '.join(f'{o.param}: T.handle' for o in operands)}):",
+        *(f"    {o.name} = T.match_buffer({o.param}, {o.shape}, '{o.dtype}', offset_factor=1"
+          + (f", strides={o.strides})" if o.strides else ")") for o in operands),
+        "    with T.sblock('root'):",
+        f"        T.reads({', '.join(region(o) for o in [out, *operands[:-1]])})",
+        f"        T.writes({region(out)})",
+    ]
+
+
+def free_stride(_name: str) -> str:
+    """A description's spelling of a free stride: a fresh variable, which nothing names."""
+    return "T.int32()"
+
+
+def implementation_text(frame_of, body: list[str]) -> str:
+    """An implementation: `frame_of(stride)` with each stride spelled by its name and declared
+    after the signature (the first two lines), for `body` to pass to the kernel; `body` runs
+    under the attribute that carries the kernel's IR, `kernel_ir`, into the module that uses it
+    (LLVM links and inlines it there)."""
+    names: list[str] = []
+
+    def named(name: str) -> str:
+        names.append(name)
+        return name
+
+    lines = frame_of(named)
+    return template(lines[:2] + [f"    {n} = T.int32()" for n in names] + lines[2:]
+                    + ["        with T.attr(0, 'pragma_import_llvm', kernel_ir):"] + body)
+
+
+def register_text(name: str, description: str, implementation: str, kernel_ir: str) -> str:
+    """Register a description and an implementation written as TVMScript; the implementation
+    names the kernel's IR `kernel_ir`."""
+    env = {"T": T}
+    return registry.register(name, parser.parse(description, extra_vars=env),
+                             parser.parse(implementation, extra_vars=env | {"kernel_ir": kernel_ir}))
+
+
+def template(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def _frame(tile: ConvTile, stride) -> list[str]:
     mr, cb, G = tile.kern.mr, tile.cols, tile.groups
     ep = tile.kern.epilogue
     ah, aw = tile.window
     lead = (G,) if G > 1 else ()  # the block axis of a tile spanning several output blocks
-    a_shape = (tile.nb, ah, aw, tile.bi)
-    b_shape = lead + (tile.nb, tile.kh, tile.kw, tile.bi, cb)
     # Across blocks, C and R keep the output's row axis (extent 1) between the block and the
     # pixels: tensorize matches a buffer to the trailing axes of the workload's region, and
     # only axes in front of all of them may be dropped.
     c_shape = (G, 1, mr, cb) if G > 1 else (mr, cb)
-    bias_shape = lead + (cb,)
-    axes = tile.reduce_axes()
-    v = {n: n for n, _ in axes} | {"m": "vm", "j": "vj"}
-    a_idx = ", ".join(tile.a_index(v))
-    b_idx = tile.grouped(*tile.b_index(v))
-    region = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
-    # Pixels of a row are `bi` apart (NCHWc), which lets the kernel run (s, i) as one stretch.
-    strides = f"[s1, s2, {tile.bi}, 1]" if impl else f"[T.int32(), T.int32(), {tile.bi}, 1]"
-    # C and R: (blocks,) rows, columns; a block a whole output plane from the next.
-    c_strides = ("[scg, scy, sc, 1]" if G > 1 else "[sc, 1]") if impl else \
-        ("[T.int32(), T.int32(), T.int32(), 1]" if G > 1 else "[T.int32(), 1]")
-    r_strides = c_strides.replace("sc", "sr")
-    params = ["a: T.handle", "b: T.handle"] + (["bias: T.handle"] if ep.bias else []) \
-        + (["r: T.handle"] if ep.residual else []) + ["c: T.handle"]
-    lines = [
-        "@T.prim_func(s_tir=True)",
-        f"def f({', '.join(params)}):",
-    ]
-    if impl:
-        names = ["s1", "s2", "sc"] + (["scg", "scy"] if G > 1 else []) + (["sr"] if ep.residual else []) \
-            + (["srg", "sry"] if ep.residual and G > 1 else [])
-        lines += [f"    {n} = T.int32()" for n in names]
-    lines += [
-        f"    A = T.match_buffer(a, {a_shape}, 'float32', offset_factor=1, strides={strides})",
+
+    def rows(s: str) -> str:  # C and R: (blocks,) rows, columns; a block a whole output plane from the next
+        return f"[{stride(s + 'g')}, {stride(s + 'y')}, {stride(s)}, 1]" if G > 1 else f"[{stride(s)}, 1]"
+
+    return frame([
+        # Pixels of a row are `bi` apart (NCHWc), which lets the kernel run (s, i) as one stretch.
+        Operand("a", "A", (tile.nb, ah, aw, tile.bi), strides=f"[{stride('s1')}, {stride('s2')}, {tile.bi}, 1]"),
         # B is compact: the kernel walks the weights of the whole reduction as one run, and a
         # second block's weights follow the first's (OIHWio).
-        f"    B = T.match_buffer(b, {b_shape}, 'float32', offset_factor=1)",
-    ]
-    # In the order TIR infers them for the element block (C is read by the reduction), which
-    # is what the block tensorize builds around the workload's loops lists.
-    reads = [f"C[{region(c_shape)}]", f"A[{region(a_shape)}]", f"B[{region(b_shape)}]"]
-    if ep.bias:
-        lines.append(f"    Bias = T.match_buffer(bias, {bias_shape}, 'float32', offset_factor=1)")
-        reads.append(f"Bias[{region(bias_shape)}]")
-    if ep.residual:
-        lines.append(f"    R = T.match_buffer(r, {c_shape}, 'float32', offset_factor=1, strides={r_strides})")
-        reads.append(f"R[{region(c_shape)}]")
-    lines += [
-        f"    C = T.match_buffer(c, {c_shape}, 'float32', offset_factor=1, strides={c_strides})",
-        "    with T.sblock('root'):",
-        f"        T.reads({', '.join(reads)})",
-        f"        T.writes(C[{region(c_shape)}])",
-    ]
-    if impl:
-        # (s, i) are one contiguous run when dw == 1: the kernel's K loop then covers kw*bi
-        # steps in one go instead of kw runs of bi.
-        bi = tile.bi
-        k_run, n3, sa3 = (tile.kw * bi, 1, 0) if tile.dw == 1 else (bi, tile.kw, bi * tile.dw)
-        block_weights = tile.nb * tile.kh * tile.kw * bi * cb
-        extra = (f", {block_weights}, scg" if G > 1 else "") + (", Bias.access_ptr('r')" if ep.bias else "") \
-            + ((", R.access_ptr('r'), sr" + (", srg" if G > 1 else "")) if ep.residual else "") \
-            + (f", T.float32({tile.clip[0]!r}), T.float32({tile.clip[1]!r})" if ep.act == "clip" else "")
-        lines += [
-            "        with T.attr(0, 'pragma_import_llvm', kernel_ir):",
-            f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {bi * tile.sw},"
-            f" B.access_ptr('r'), {cb}, C.access_ptr('w'), sc, {k_run}, {tile.nb}, s1, {tile.kh}, s2 * {tile.dh},"
-            f" {n3}, {sa3}{extra}))",
-        ]
-    else:
-        loops, iters = (["g", "m", "j"], "vg, vm, vj") if G > 1 else (["m", "j"], "vm, vj")
-        lines += [
-            f"        for {', '.join(loops)} in T.grid({', '.join(str(e) for e in c_shape if e != 1 or G == 1)}):",
-            "            with T.sblock('update'):",
-            f"                {iters} = T.axis.remap('{'S' * len(loops)}', [{', '.join(loops)}])",
-        ]
-        lines += element_body(f"C[{tile.grouped('vm', 'vj', row=True)}]", f"A[{a_idx}]", f"B[{b_idx}]", axes,
-                              " " * 16, f"Bias[{tile.grouped('vj')}]" if ep.bias else None,
-                              f"R[{tile.grouped('vm', 'vj', row=True)}]" if ep.residual else None, ep.act, tile.clip)
-    return "\n".join(lines) + "\n"
+        Operand("b", "B", lead + (tile.nb, tile.kh, tile.kw, tile.bi, cb)),
+        *([Operand("bias", "Bias", lead + (cb,))] if ep.bias else []),
+        *([Operand("r", "R", c_shape, strides=rows("sr"))] if ep.residual else []),
+        Operand("c", "C", c_shape, strides=rows("sc")),
+    ])
 
 
-def render_description(tile: ConvTile) -> str:
-    return _render(tile, impl=False)
+def description(tile: ConvTile) -> str:
+    # Text, not a @T.prim_func factory: which reduction loops exist (and so how many names a
+    # grid binds) depends on the geometry, and the element body is `element_body`'s text, the
+    # one spelling the schedule's blocks are built from too.
+    ep, G = tile.kern.epilogue, tile.groups
+    axes = tile.reduce_axes()
+    v = {n: n for n, _ in axes} | {"m": "vm", "j": "vj"}
+    loops, iters = (["g", "m", "j"], "vg, vm, vj") if G > 1 else (["m", "j"], "vm, vj")
+    extents = (G, tile.kern.mr, tile.cols) if G > 1 else (tile.kern.mr, tile.cols)
+    lines = _frame(tile, free_stride) + [
+        f"        for {', '.join(loops)} in T.grid({', '.join(str(e) for e in extents)}):",
+        "            with T.sblock('update'):",
+        f"                {iters} = T.axis.remap('{'S' * len(loops)}', [{', '.join(loops)}])",
+    ]
+    lines += element_body(f"C[{tile.grouped('vm', 'vj', row=True)}]", f"A[{', '.join(tile.a_index(v))}]",
+                          f"B[{tile.grouped(*tile.b_index(v))}]", axes, " " * 16,
+                          f"Bias[{tile.grouped('vj')}]" if ep.bias else None,
+                          f"R[{tile.grouped('vm', 'vj', row=True)}]" if ep.residual else None, ep.act, tile.clip)
+    return template(lines)
+
+
+def implementation(tile: ConvTile) -> str:
+    """One call of the kernel for the whole reduction."""
+    ep, G, bi, cb = tile.kern.epilogue, tile.groups, tile.bi, tile.cols
+    # (s, i) are one contiguous run when dw == 1: the kernel's K loop then covers kw*bi
+    # steps in one go instead of kw runs of bi.
+    k_run, n3, sa3 = (tile.kw * bi, 1, 0) if tile.dw == 1 else (bi, tile.kw, bi * tile.dw)
+    block_weights = tile.nb * tile.kh * tile.kw * bi * cb
+    extra = (f", {block_weights}, scg" if G > 1 else "") + (", Bias.access_ptr('r')" if ep.bias else "") \
+        + ((", R.access_ptr('r'), sr" + (", srg" if G > 1 else "")) if ep.residual else "") \
+        + (f", T.float32({tile.clip[0]!r}), T.float32({tile.clip[1]!r})" if ep.act == "clip" else "")
+    return implementation_text(functools.partial(_frame, tile), [
+        f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {bi * tile.sw},"
+        f" B.access_ptr('r'), {cb}, C.access_ptr('w'), sc, {k_run}, {tile.nb}, s1, {tile.kh}, s2 * {tile.dh},"
+        f" {n3}, {sa3}{extra}))",
+    ])
 
 
 @functools.lru_cache(maxsize=None)
 def register_conv(tile: ConvTile) -> str:
     """Register (once) the intrinsic for one conv tile geometry; return its name."""
-    desc = parser.parse(_render(tile, impl=False), extra_vars={"T": T})
-    impl = parser.parse(_render(tile, impl=True), extra_vars={"T": T, "kernel_ir": tile.kern.llvm_ir()})
-    return registry.register(tile.name, desc, impl)
+    return register_text(tile.name, description(tile), implementation(tile), tile.kern.llvm_ir())

@@ -21,8 +21,8 @@ from microkernels import TileError
 from microkernels.f32_dwconv import BLOCK, DwKernel
 from microkernels.isa import normalize_ints
 
-from . import registry
-from .f32_conv import DEFAULT_CLIP, element_body
+from .f32_conv import (DEFAULT_CLIP, Operand, element_body, frame, free_stride, implementation_text, register_text,
+                       template)
 
 
 @dataclass(frozen=True)
@@ -58,61 +58,53 @@ class DwRow:
         return f"{r} * {self.dh}, {x} * {self.sw} + {s} * {self.dw}, {c}"
 
 
-def _render(t: DwRow, impl: bool) -> str:
-    k, ep = t.kern, t.kern.epilogue
+def _frame(t: DwRow, stride) -> list[str]:
     ah, aw = t.window
-    red = t.reduce_axes()
-    names = dict(red)
-    r, s = ("r" if "r" in names else "0"), ("s" if "s" in names else "0")
-    a_strides = "[sa, 16, 1]" if impl else "[T.int32(), 16, 1]"
-    params = ["a: T.handle", "b: T.handle"] + (["bias: T.handle"] if ep.bias else []) + ["c: T.handle"]
-    lines = ["@T.prim_func(s_tir=True)", f"def f({', '.join(params)}):"]
-    if impl:
-        lines.append("    sa = T.int32()")
-    lines += [
-        f"    A = T.match_buffer(a, ({ah}, {aw}, {BLOCK}), 'float32', offset_factor=1, strides={a_strides})",
-        f"    B = T.match_buffer(b, ({k.kh}, {k.kw}, {BLOCK}), 'float32', offset_factor=1)",
-    ]
-    reads = [f"C[0:{t.ow}, 0:{BLOCK}]", f"A[0:{ah}, 0:{aw}, 0:{BLOCK}]", f"B[0:{k.kh}, 0:{k.kw}, 0:{BLOCK}]"]
-    if ep.bias:
-        lines.append(f"    Bias = T.match_buffer(bias, ({BLOCK},), 'float32', offset_factor=1)")
-        reads.append(f"Bias[0:{BLOCK}]")
-    lines += [
+    return frame([
+        Operand("a", "A", (ah, aw, BLOCK), strides=f"[{stride('sa')}, 16, 1]"),
+        Operand("b", "B", (t.kern.kh, t.kern.kw, BLOCK)),
+        *([Operand("bias", "Bias", (BLOCK,))] if t.kern.epilogue.bias else []),
         # Output pixels of a row are one block (16 floats) apart in NCHW16c.
-        f"    C = T.match_buffer(c, ({t.ow}, {BLOCK}), 'float32', offset_factor=1)",
-        "    with T.sblock('root'):",
-        f"        T.reads({', '.join(reads)})",
-        f"        T.writes(C[0:{t.ow}, 0:{BLOCK}])",
+        Operand("c", "C", (t.ow, BLOCK)),
+    ])
+
+
+def _taps(t: DwRow) -> tuple[str, str]:
+    """The kernel row and column of a tap as index text: the loop variable, or 0 for a unit axis."""
+    names = dict(t.reduce_axes())
+    return ("r" if "r" in names else "0"), ("s" if "s" in names else "0")
+
+
+def description(t: DwRow) -> str:
+    # Text, as f32_conv's: the taps' loops exist only where they are longer than 1, and the
+    # element body is `element_body`'s, the depthwise schedule's spelling too.
+    ep = t.kern.epilogue
+    r, s = _taps(t)
+    lines = _frame(t, free_stride) + [
+        f"        for x, c in T.grid({t.ow}, {BLOCK}):",
+        "            with T.sblock('update'):",
+        "                vx, vc = T.axis.remap('SS', [x, c])",
     ]
-    if impl:
-        extra = (", Bias.access_ptr('r')" if ep.bias else "") \
-            + (f", T.float32({t.clip[0]!r}), T.float32({t.clip[1]!r})" if ep.act == "clip" else "")
-        lines += [
-            "        with T.attr(0, 'pragma_import_llvm', kernel_ir):",
-            f"            T.evaluate(T.call_extern('void', '{k.name}', A.access_ptr('r'), {t.sw * BLOCK}, {t.dw * BLOCK},"
-            f" sa * {t.dh}, B.access_ptr('r'), C.access_ptr('w'), {t.ow}{extra}))",
-        ]
-    else:
-        lines += [
-            f"        for x, c in T.grid({t.ow}, {BLOCK}):",
-            "            with T.sblock('update'):",
-            "                vx, vc = T.axis.remap('SS', [x, c])",
-        ]
-        lines += element_body("C[vx, vc]", f"A[{t.a_index('vx', r, s, 'vc')}]", f"B[{r}, {s}, vc]", red, " " * 16,
-                              "Bias[vc]" if ep.bias else None, None, ep.act, t.clip)
-    return "\n".join(lines) + "\n"
+    lines += element_body("C[vx, vc]", f"A[{t.a_index('vx', r, s, 'vc')}]", f"B[{r}, {s}, vc]", t.reduce_axes(),
+                          " " * 16, "Bias[vc]" if ep.bias else None, None, ep.act, t.clip)
+    return template(lines)
 
 
-def render_description(t: DwRow) -> str:
-    return _render(t, impl=False)
+def implementation(t: DwRow) -> str:
+    """One call of the kernel for the whole row."""
+    k, ep = t.kern, t.kern.epilogue
+    extra = (", Bias.access_ptr('r')" if ep.bias else "") \
+        + (f", T.float32({t.clip[0]!r}), T.float32({t.clip[1]!r})" if ep.act == "clip" else "")
+    return implementation_text(functools.partial(_frame, t), [
+        f"            T.evaluate(T.call_extern('void', '{k.name}', A.access_ptr('r'), {t.sw * BLOCK}, {t.dw * BLOCK},"
+        f" sa * {t.dh}, B.access_ptr('r'), C.access_ptr('w'), {t.ow}{extra}))",
+    ])
 
 
 @functools.lru_cache(maxsize=None)
 def register_dw(t: DwRow) -> str:
     """Register (once) the intrinsic for one depthwise row geometry; return its name."""
-    desc = parser.parse(_render(t, impl=False), extra_vars={"T": T})
-    impl = parser.parse(_render(t, impl=True), extra_vars={"T": T, "kernel_ir": t.kern.llvm_ir()})
-    return registry.register(t.name, desc, impl)
+    return register_text(t.name, description(t), implementation(t), t.kern.llvm_ir())
 
 
 # Where row_function places the row: its window at row 1, column 2 of A; the weights (and
@@ -135,8 +127,7 @@ def row_function(t: DwRow):
 
     ep = t.kern.epilogue
     red = t.reduce_axes()
-    names = dict(red)
-    r, s = ("r" if "r" in names else "0"), ("s" if "s" in names else "0")
+    r, s = _taps(t)
     a_shape, b_shape, bias_shape, c_shape = row_shapes(t)
     (ay, ax), blk, (cy, cx) = ROW_A_AT, ROW_BLOCK, ROW_C_AT
     params = (f"A: T.Buffer({a_shape}, 'float32'), B: T.Buffer({b_shape}, 'float32'),"

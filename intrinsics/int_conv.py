@@ -18,14 +18,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tvm.script import parser
-from tvm.script import tirx as T
-
 from microkernels import TileError
 from microkernels.int_mac import MacKernel
 from microkernels.isa import normalize_ints
 
-from . import registry
+from .f32_conv import Operand, frame, free_stride, implementation_text, register_text, template
 
 
 def reduce_axes(kh: int, kw: int, ci: int, dot: bool = False) -> list[tuple[str, int]]:
@@ -99,58 +96,50 @@ class IntConvTile:
         return (self.kh, self.kw, self.ci // 4, nr, 4) if self.dot else (self.kh, self.kw, self.ci, nr)
 
 
-def _render(tile: IntConvTile, impl: bool) -> str:
-    mr, nr, dt, ci = tile.kern.mr, tile.kern.nr, tile.kern.dtype, tile.ci
+def _frame(tile: IntConvTile, stride) -> list[str]:
+    dt, ci = tile.kern.dtype, tile.ci
     ah, aw = tile.window
-    a_shape, b_shape = (ah, aw, ci), tile.b_shape
+    return frame([
+        # Pixels are `ci` apart in A, a constant in description and implementation alike: that
+        # is what makes (s, i) one run.
+        Operand("a", "A", (ah, aw, ci), dt, f"[{stride('s1')}, {ci}, 1]"),
+        Operand("b", "B", tile.b_shape, dt),
+        Operand("c", "C", (tile.kern.mr, tile.kern.nr), "int32", f"[{stride('sc')}, 1]"),
+    ])
+
+
+def description(tile: IntConvTile) -> str:
+    # Text, as f32_conv's: the grid binds a name per reduction loop, and which loops exist
+    # depends on the geometry.
     names = [n for n, _ in tile.reduce_axes()]
     v = {n: f"v{n}" for n in ["m", "j"] + names}
     a_idx, b_idx = ", ".join(tile.a_index(v)), ", ".join(tile.b_index(v))
-    region = lambda shape: ", ".join(f"0:{e}" for e in shape)  # noqa: E731
-    # Pixels are `ci` apart in A, fixed in both halves: that is what makes (s, i) one run.
-    a_strides = f"[{'s1' if impl else 'T.int32()'}, {ci}, 1]"
-    c_strides = "[sc, 1]" if impl else "[T.int32(), 1]"
-    lines = ["@T.prim_func(s_tir=True)", "def f(a: T.handle, b: T.handle, c: T.handle):"]
-    if impl:
-        lines += ["    s1 = T.int32()", "    sc = T.int32()"]
-    lines += [
-        f"    A = T.match_buffer(a, {a_shape}, '{dt}', offset_factor=1, strides={a_strides})",
-        f"    B = T.match_buffer(b, {b_shape}, '{dt}', offset_factor=1)",
-        f"    C = T.match_buffer(c, ({mr}, {nr}), 'int32', offset_factor=1, strides={c_strides})",
-        "    with T.sblock('root'):",
-        f"        T.reads(C[0:{mr}, 0:{nr}], A[{region(a_shape)}], B[{region(b_shape)}])",
-        f"        T.writes(C[0:{mr}, 0:{nr}])",
-    ]
-    if impl:
-        calls = [("r", tile.kh)] + ([] if tile.dw == 1 else [("s", tile.kw)])
-        a_off = f"r * {tile.dh} * s1" + ("" if tile.dw == 1 else f" + s * {tile.dw * ci}")
-        b_off = f"r * {tile.kw * ci * nr}" + ("" if tile.dw == 1 else f" + s * {ci * nr}")
-        lines.append("        with T.attr(0, 'pragma_import_llvm', kernel_ir):")
-        lines.append(f"            for {', '.join(n for n, _ in calls)} in T.grid({', '.join(str(e) for _, e in calls)}):")
-        lines.append(
-            f"                T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r', offset={a_off}),"
-            f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {4 * nr if tile.dot else nr}, C.access_ptr('w'), sc,"
-            f" {tile.k_run}))")
-    else:
-        loop_vars = ", ".join(["m", "j"] + names)
-        extents = ", ".join(str(e) for e in [mr, nr] + [e for _, e in tile.reduce_axes()])
-        lines += [
-            f"        for {loop_vars} in T.grid({extents}):",
-            "            with T.sblock('update'):",
-            f"                {', '.join(v[n] for n in ['m', 'j'] + names)} = "
-            f"T.axis.remap('SS{'R' * len(names)}', [{loop_vars}])",
-            f"                C[vm, vj] = C[vm, vj] + T.Cast('int32', A[{a_idx}]) * T.Cast('int32', B[{b_idx}])",
-        ]
-    return "\n".join(lines) + "\n"
+    loop_vars = ", ".join(["m", "j"] + names)
+    extents = ", ".join(str(e) for e in [tile.kern.mr, tile.kern.nr] + [e for _, e in tile.reduce_axes()])
+    return template(_frame(tile, free_stride) + [
+        f"        for {loop_vars} in T.grid({extents}):",
+        "            with T.sblock('update'):",
+        f"                {', '.join(v[n] for n in ['m', 'j'] + names)} = "
+        f"T.axis.remap('SS{'R' * len(names)}', [{loop_vars}])",
+        f"                C[vm, vj] = C[vm, vj] + T.Cast('int32', A[{a_idx}]) * T.Cast('int32', B[{b_idx}])",
+    ])
 
 
-def render_description(tile: IntConvTile) -> str:
-    return _render(tile, impl=False)
+def implementation(tile: IntConvTile) -> str:
+    """The kernel called once per kernel row (per tap with dilation along the width)."""
+    nr, ci = tile.kern.nr, tile.ci
+    calls = [("r", tile.kh)] + ([] if tile.dw == 1 else [("s", tile.kw)])
+    a_off = f"r * {tile.dh} * s1" + ("" if tile.dw == 1 else f" + s * {tile.dw * ci}")
+    b_off = f"r * {tile.kw * ci * nr}" + ("" if tile.dw == 1 else f" + s * {ci * nr}")
+    return implementation_text(functools.partial(_frame, tile), [
+        f"            for {', '.join(n for n, _ in calls)} in T.grid({', '.join(str(e) for _, e in calls)}):",
+        f"                T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r', offset={a_off}),"
+        f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {4 * nr if tile.dot else nr}, C.access_ptr('w'), sc,"
+        f" {tile.k_run}))",
+    ])
 
 
 @functools.lru_cache(maxsize=None)
 def register_int_conv(tile: IntConvTile) -> str:
     """Register (once) the intrinsic for one conv tile geometry; return its name."""
-    desc = parser.parse(_render(tile, impl=False), extra_vars={"T": T})
-    impl = parser.parse(_render(tile, impl=True), extra_vars={"T": T, "kernel_ir": tile.kern.llvm_ir()})
-    return registry.register(tile.name, desc, impl)
+    return register_text(tile.name, description(tile), implementation(tile), tile.kern.llvm_ir())

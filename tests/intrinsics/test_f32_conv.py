@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from intrinsics import ConvTile
-from intrinsics.f32_conv import render_description
+from intrinsics.f32_conv import description
 from microkernels import AVX2, ISAS, GemmKernel, TileError
 
 from ..x86_exec import X86_IDS, execute
@@ -31,7 +31,7 @@ def test_bad_tiles_are_refused(kern, kwargs, msg):
 def test_unit_loops_are_left_out_and_window_is_exact():
     tile = ConvTile(BR0, nb=1, kh=1, kw=3, bi=16, sw=2, dh=1, dw=2)
     assert tile.reduce_axes() == [("s", 3), ("i", 16)]
-    text = render_description(tile)
+    text = description(tile)
     # One spatial block per output element, the reduction as plain loops inside it.
     assert "for m, j in T.grid(6, 16)" in text and "for s, i in T.grid(3, 16)" in text
     # A 6-wide output row at stride 2 under a 3-tap kernel dilated by 2 reads (6-1)*2 + (3-1)*2 + 1

@@ -38,7 +38,7 @@ from microkernels import Isa
 from microkernels.int_mac import MacKernel, default_mac_kernel
 
 from ..common.targets import check_array
-from ..common.tir import ceil_to, parse
+from ..common.tir import buffer, ceil_to, header, padded_pack, parse
 from ..emulation import qemu
 from .geometry import Geometry, Quantization
 
@@ -101,6 +101,24 @@ class Int8Plan:
         return self.g.out_hw[1] if self.depthwise else ceil_to(self.g.out_hw[1], self.kern.mr)
 
     @property
+    def data_shape(self) -> tuple:
+        g = self.g
+        return (g.n, g.c, g.h, g.w)
+
+    @property
+    def out_shape(self) -> tuple:
+        g = self.g
+        return (g.n, g.o, *g.out_hw)
+
+    @property
+    def packed_shape(self) -> tuple:
+        """The packed input: (N, Hp, Wp, C in whole vectors) for depthwise, (N, G, Hp, Wp, Cp) otherwise."""
+        g, (hp, wp) = self.g, self.packed_hw
+        if self.depthwise:
+            return (g.n, hp, wp, ceil_to(g.c, DEPTHWISE_LANES))
+        return (g.n, g.groups, hp, wp, self.cp)
+
+    @property
     def packed_hw(self) -> tuple[int, int]:
         g, (oh, _) = self.g, self.g.out_hw
         (sh, sw), (dh, dw) = g.stride, g.dilation
@@ -161,14 +179,20 @@ def _pack_gemm_weights(plan: Int8Plan, w: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(blocks)
 
 
+def _header(plan: Int8Plan, dtype: str, accumulators: tuple) -> list[str]:
+    """The entry function of either path, with the packed input P and the int32 accumulators."""
+    L = header([buffer("D", plan.data_shape, dtype), buffer("Wv", plan.weight_shape, plan.packed_dtype),
+                *([buffer("Bias", plan.bias_shape, "int32")] if plan.dot else []), buffer("Out", plan.out_shape, "int32")])
+    return L + [f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')",
+                f"    Acc = T.alloc_buffer({accumulators}, 'int32')"]
+
+
 def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
-    """The pack stage: (N, G, Hp, Wp, Cp) for the GEMM path, (N, Hp, Wp, C) for depthwise."""
+    """The pack stage into `plan.packed_shape`."""
     g = plan.g
-    hp, wp = plan.packed_hw
     top, left = g.pad[0], g.pad[1]
-    cp = ceil_to(g.c, DEPTHWISE_LANES) if plan.depthwise else plan.cp
     conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
-    if cp != (g.c if plan.depthwise else g.cg):
+    if plan.packed_shape[-1] != (g.c if plan.depthwise else g.cg):
         conds.insert(0, f"vc < {g.c if plan.depthwise else g.cg}")
     chan = "vc" if plan.depthwise else f"vg * {g.cg} + vc"
     x = f"D[vn, {chan}, vy - {top}, vx - {left}]"
@@ -183,76 +207,76 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     else:
         value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
         zero = "T.int16(0)"
-    gi = "" if plan.depthwise else "vg, "
-    loops = ("n, gg, y, x, c", f"{g.n}, {g.groups}, {hp}, {wp}, {cp}", "vn, vg, vy, vx, vc", "SSSSS") if not plan.depthwise \
-        else ("n, y, x, c", f"{g.n}, {hp}, {wp}, {cp}", "vn, vy, vx, vc", "SSSS")
-    return [
-        f"    for {loops[0]} in T.grid({loops[1]}):",
-        "        with T.sblock('pack'):",
-        f"            {loops[2]} = T.axis.remap('{loops[3]}', [{loops[0]}])",
-        f"            P[vn, {gi}vy, vx, vc] = T.if_then_else({' and '.join(conds)}, {value}, {zero})",
-    ]
+    names = "nyxc" if plan.depthwise else "ngyxc"
+    return padded_pack(4, "P", list(zip(names, plan.packed_shape)), " and ".join(conds), value, zero)
 
 
-def _render_gemm(plan: Int8Plan, dtype: str, zp: int, for_tensorize: bool, zw8: int = 0) -> tuple[list[str], IntConvTile]:
-    """zw8: for sdot, the weights' zero point shifted to int8 (used in the expansion)."""
+def _tile_iters(plan: Int8Plan, columns: list[str]) -> list[str]:
+    """A tile block's spatial iterators; `columns` bind its output columns (vm, and vx0)."""
+    return ["vn, vg, vob, vy = T.axis.remap('SSSS', [n, g, o, y])", *columns, f"vj = T.axis.spatial({plan.kern.nr}, j)"]
+
+
+def _acc(x0: str) -> str:
+    return f"Acc[vn, vg, vob, vy, {x0} + vm, vj]"
+
+
+def _conv_block(plan: Int8Plan, tile: IntConvTile, columns: list[str], x0: str, init: list[str]) -> list[str]:
+    """The tile's whole reduction, block 'conv', inside the loop over tiles (tt); `x0` is the
+    tile's first column as the block sees it, `init` what the block zeroes Acc with."""
+    sh, sw = plan.g.stride
+    axes = tile.reduce_axes()
+    v = {a: f"v{a}" for a, _ in axes} | {"m": "vm", "j": "vj"}
+    row, col, ch = tile.a_index(v)
+    loops = ["m", "j"] + [a for a, _ in axes]
+    extents = [plan.kern.mr, plan.kern.nr] + [e for _, e in axes]
+    body = [*_tile_iters(plan, columns), *(f"v{a} = T.axis.reduce({e}, {a})" for a, e in axes), *init,
+            f"{_acc(x0)} = {_acc(x0)} + T.Cast('int32', P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}])"
+            f" * T.Cast('int32', Wv[vg, vob, {', '.join(tile.b_index(v))}])"]
+    return [f"        for {', '.join(loops)} in T.grid({', '.join(map(str, extents))}):",
+            "            with T.sblock('conv'):", *(f"                {line}" for line in body)]
+
+
+def _tensorized_tile(plan: Int8Plan, tile: IntConvTile) -> list[str]:
+    """The tile as the intrinsic matches it. Its first column is an iterator of its own, so the
+    inner bindings after blockize are exactly the description's m (not tt * MR + m). TIR's
+    decompose_reduction refuses such a binding, so the zeroing is a block of its own, ahead."""
+    mr, nr = plan.kern.mr, plan.kern.nr
+    columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
+    return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('zero'):",
+            *(f"                {line}" for line in _tile_iters(plan, columns)), f"                {_acc('vx0')} = 0",
+            *_conv_block(plan, tile, columns, "vx0", [])]
+
+
+def _vectorized_tile(plan: Int8Plan, tile: IntConvTile) -> list[str]:
+    """The same tile as one reduction block with its init, which `build` reorders and vectorizes:
+    TIR vectorizes a reduction only in a block that has its init."""
+    columns = [f"vm = T.axis.spatial({plan.ow_padded}, tt * {plan.kern.mr} + m)"]
+    return _conv_block(plan, tile, columns, "0", ["with T.init():", f"    {_acc('0')} = 0"])
+
+
+def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0) -> tuple[list[str], IntConvTile]:
+    """The GEMM path, with `tile_blocks(plan, tile)` (`_tensorized_tile` or `_vectorized_tile`)
+    for the blocks of one tile of MR pixels x NR output channels.
+    zw8: for sdot, the weights' zero point shifted to int8 (used in the expansion)."""
     g, kern = plan.g, plan.kern
     mr, nr, cp = kern.mr, kern.nr, plan.cp
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
-    hp, wp = plan.packed_hw
     owp, ob = plan.ow_padded, plan.op // nr
     tile = IntConvTile(kern, g.kh, g.kw, cp, sw, dh, dw)
-    axes = tile.reduce_axes()
-    red = [a for a, _ in axes]
-    v = {a: f"v{a}" for a in red} | {"m": "vm", "j": "vj"}
-    pdt = plan.packed_dtype
-    bias = f", Bias: T.Buffer({plan.bias_shape}, 'int32')" if plan.dot else ""
-    row, col, ch = tile.a_index(v)
-    x0 = "vx0" if for_tensorize else "0"
-    acc = f"Acc[vn, vg, vob, vy, {x0} + vm, vj]"
-    L = [
-        "@T.prim_func(s_tir=True)",
-        f"def main(D: T.Buffer(({g.n}, {g.c}, {g.h}, {g.w}), '{dtype}'),"
-        f" Wv: T.Buffer({plan.weight_shape}, '{pdt}'){bias}, Out: T.Buffer(({g.n}, {g.o}, {oh}, {ow}), 'int32')):",
-        "    T.func_attr({'tirx.noalias': True})",
-        f"    P = T.alloc_buffer(({g.n}, {g.groups}, {hp}, {wp}, {cp}), '{pdt}')",
-        f"    Acc = T.alloc_buffer(({g.n}, {g.groups}, {ob}, {oh}, {owp}, {nr}), 'int32')",
-    ]
+    L = _header(plan, dtype, (g.n, g.groups, ob, oh, owp, nr))
     if plan.dot:
         L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
     L += _render_pack(plan, dtype, zp)
-    L += [
-        f"    for n, gg, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):",
-    ]
-    red_loops = f"for {', '.join(['m', 'j'] + red)} in T.grid({', '.join(str(e) for e in [mr, nr] + [e for _, e in axes])}):"
-    head = ["vn, vg, vob, vy = T.axis.remap('SSSS', [n, gg, o, y])"]
-    if for_tensorize:
-        # The tile's first column is its own iterator, so the inner bindings after blockize are
-        # exactly the description's m (not tt * MR + m). TIR's decompose_reduction refuses such a
-        # binding, so the zeroing is a block of its own, ahead of the tile.
-        head += [f"vx0 = T.axis.spatial({owp}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
-        L += [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('zero'):"]
-        L += [f"                {h}" for h in head] + ["                vj = T.axis.spatial(%d, j)" % nr, f"                {acc} = 0"]
-    else:
-        head += [f"vm = T.axis.spatial({owp}, tt * {mr} + m)"]
-    L += [f"        {red_loops}", "            with T.sblock('conv'):"]
-    L += [f"                {h}" for h in head] + [f"                vj = T.axis.spatial({nr}, j)"]
-    L += [f"                v{a} = T.axis.reduce({e}, {a})" for a, e in axes]
-    a_ref = f"P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}]"
-    w_ref = f"Wv[vg, vob, {', '.join(tile.b_index(v))}]"
-    if not for_tensorize:
-        L += ["                with T.init():", f"                    {acc} = 0"]
-    L += [
-        f"                {acc} = {acc} + T.Cast('int32', {a_ref}) * T.Cast('int32', {w_ref})",
-    ]
+    L.append(f"    for n, g, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):")
+    L += tile_blocks(plan, tile)
     out = f"Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]"
     if plan.dot:
         # sum x over each output pixel's window, for the -zw * sum x term of the expansion
         L += [
-            f"    for n, gg, y, x, r, s, c in T.grid({g.n}, {g.groups}, {oh}, {ow}, {g.kh}, {g.kw}, {cp}):",
+            f"    for n, g, y, x, r, s, c in T.grid({g.n}, {g.groups}, {oh}, {ow}, {g.kh}, {g.kw}, {cp}):",
             "        with T.sblock('winsum'):",
-            "            vn, vg, vy, vx, vr, vs, vc = T.axis.remap('SSSSRRR', [n, gg, y, x, r, s, c])",
+            "            vn, vg, vy, vx, vr, vs, vc = T.axis.remap('SSSSRRR', [n, g, y, x, r, s, c])",
             "            with T.init():",
             "                WS[vn, vg, vy, vx] = 0",
             f"            WS[vn, vg, vy, vx] = WS[vn, vg, vy, vx] + T.Cast('int32', P[vn, vg, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc])",
@@ -271,17 +295,8 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     g = plan.g
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
-    hp, wp = plan.packed_hw
-    cp = ceil_to(g.c, DEPTHWISE_LANES)
-    L = [
-        "@T.prim_func(s_tir=True)",
-        f"def main(D: T.Buffer(({g.n}, {g.c}, {g.h}, {g.w}), '{dtype}'),"
-        f" Wv: T.Buffer({plan.weight_shape}, 'int16'), Out: T.Buffer(({g.n}, {g.o}, {oh}, {ow}), 'int32')):",
-        "    T.func_attr({'tirx.noalias': True})",
-        f"    P = T.alloc_buffer(({g.n}, {hp}, {wp}, {cp}), 'int16')",
-        f"    Acc = T.alloc_buffer(({g.n}, {oh}, {ow}, {cp}), 'int32')",
-    ]
-    L += _render_pack(plan, dtype, zp)
+    cp = plan.packed_shape[-1]
+    L = _header(plan, dtype, (g.n, oh, ow, cp)) + _render_pack(plan, dtype, zp)
     L += [
         f"    for n, y, x, c, r, s in T.grid({g.n}, {oh}, {ow}, {cp}, {g.kh}, {g.kw}):",
         "        with T.sblock('conv'):",
@@ -330,21 +345,22 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
         init = sch.decompose_reduction(blk, r)
         sch.vectorize(sch.get_loops(init)[-1])
         return sch.mod, plan
-    text, tile = _render_gemm(plan, dtype, zp_x, tensorize, zp_w - _s8_shift(weight_dtype))
+    text, tile = _render_gemm(plan, dtype, zp_x, _tensorized_tile if tensorize else _vectorized_tile,
+                              zp_w - _s8_shift(weight_dtype))
     sch = s_tir.Schedule(parse(text))
     blk = sch.get_sblock("conv")
-    m = sch.get_loops(blk)[5]
+    loops = sch.get_loops(blk)
+    m, j, red = loops[5], loops[6], loops[7:]
     if tensorize:
         sch.vectorize(sch.get_loops(sch.get_sblock("zero"))[-1])
         sch.tensorize(m, register_int_conv(tile))
     else:
         # Same tiling with the reduction outside and the tile's MR x NR accumulators inside,
         # NR vectorized: what a good TIR schedule gets from LLVM without a hand-written kernel.
-        loops = sch.get_loops(blk)
-        sch.reorder(*loops[7:], loops[5], loops[6])
-        sch.unroll(loops[5])
-        sch.vectorize(loops[6])
-        init = sch.decompose_reduction(blk, loops[7])
+        sch.reorder(*red, m, j)
+        sch.unroll(m)
+        sch.vectorize(j)
+        init = sch.decompose_reduction(blk, red[0])
         sch.vectorize(sch.get_loops(init)[-1])
     return sch.mod, plan
 
@@ -368,8 +384,7 @@ class Int8Conv2dOp:
 
     @property
     def out_shape(self) -> tuple:
-        g = self.geometry
-        return (g.n, g.o, *g.out_hw)
+        return self.plan.out_shape
 
     def _check_legalized(self, name: str, arr: np.ndarray) -> None:
         # int16 inputs come from the legalize pass, already x - zp: the exactness bound (and the
@@ -385,8 +400,8 @@ class Int8Conv2dOp:
         return pack_weights(self.plan, weight, self.zp_w, self.zp_x - _s8_shift(self.dtype))
 
     def run_packed(self, data: np.ndarray, packed: tuple) -> np.ndarray:
-        g, plan = self.geometry, self.plan
-        check_array("data", data, (g.n, g.c, g.h, g.w), self.dtype)
+        plan = self.plan
+        check_array("data", data, plan.data_shape, self.dtype)
         specs = [(plan.weight_shape, plan.packed_dtype)] + ([(plan.bias_shape, "int32")] if plan.dot else [])
         if not isinstance(packed, tuple) or len(packed) != len(specs):
             raise TypeError(f"packed must be the tuple of {len(specs)} array(s) that op.pack_weights returns")

@@ -65,20 +65,20 @@ main_compute_:
  vfmadd231ps %ymm11, %ymm10, %ymm14
  vmovaps %ymm1, %ymm3
  vxorps %xmm1, %xmm1, %xmm1
- vmaxps %ymm1, %ymm12, %ymm11
- vminps %ymm0, %ymm11, %ymm11
+ vmaxps %ymm12, %ymm1, %ymm11
+ vminps %ymm11, %ymm0, %ymm11
  vmovaps %ymm11, 1344(%rcx,%r8)
- vmaxps %ymm1, %ymm13, %ymm11
- vminps %ymm0, %ymm11, %ymm11
+ vmaxps %ymm13, %ymm1, %ymm11
+ vminps %ymm11, %ymm0, %ymm11
  vmovaps %ymm11, 1408(%rcx,%r8)
- vmaxps %ymm1, %ymm14, %ymm11
- vminps %ymm0, %ymm11, %ymm11
+ vmaxps %ymm14, %ymm1, %ymm11
+ vminps %ymm11, %ymm0, %ymm11
  vmovaps %ymm11, 1472(%rcx,%r8)
  vfmadd231ps 8640(%rdi,%r8,2), %ymm9, %ymm15
  vfmadd231ps 8704(%rdi,%r8,2), %ymm10, %ymm15
- vmaxps %ymm1, %ymm15, %ymm11
+ vmaxps %ymm15, %ymm1, %ymm11
  vmovaps %ymm3, %ymm1
- vminps %ymm0, %ymm11, %ymm11
+ vminps %ymm11, %ymm0, %ymm11
  vmovaps %ymm11, 1536(%rcx,%r8)
  addq $4, %rax
  addq $256, %r8
@@ -106,8 +106,8 @@ main_compute_:
  vfmadd231ps 10240(%rdi,%rax,2), %ymm8, %ymm12
  vfmadd231ps 10304(%rdi,%rax,2), %ymm9, %ymm12
  vfmadd231ps 10368(%rdi,%rax,2), %ymm10, %ymm12
- vmaxps %ymm11, %ymm12, %ymm12
- vminps %ymm0, %ymm12, %ymm12
+ vmaxps %ymm12, %ymm11, %ymm12
+ vminps %ymm12, %ymm0, %ymm12
  vmovaps %ymm12, 2368(%rcx,%rax)
  addq $64, %rax
  cmpq $192, %rax
@@ -173,20 +173,20 @@ main_compute_:
  vfmadd231ps %ymm8, %ymm0, %ymm15
  vfmadd231ps 8544(%rdi,%rdx,2), %ymm9, %ymm14
  vfmadd231ps %ymm0, %ymm10, %ymm14
- vmaxps %ymm1, %ymm12, %ymm0
+ vmaxps %ymm12, %ymm1, %ymm0
  vbroadcastss .L0(%rip), %ymm12
- vminps %ymm12, %ymm0, %ymm0
+ vminps %ymm0, %ymm12, %ymm0
  vmovaps %ymm0, 1376(%rcx,%rdx)
- vmaxps %ymm1, %ymm13, %ymm0
- vminps %ymm12, %ymm0, %ymm0
+ vmaxps %ymm13, %ymm1, %ymm0
+ vminps %ymm0, %ymm12, %ymm0
  vmovaps %ymm0, 1440(%rcx,%rdx)
- vmaxps %ymm1, %ymm14, %ymm0
- vminps %ymm12, %ymm0, %ymm0
+ vmaxps %ymm14, %ymm1, %ymm0
+ vminps %ymm0, %ymm12, %ymm0
  vmovaps %ymm0, 1504(%rcx,%rdx)
  vfmadd231ps 8672(%rdi,%rdx,2), %ymm9, %ymm15
  vfmadd231ps 8736(%rdi,%rdx,2), %ymm10, %ymm15
- vmaxps %ymm1, %ymm15, %ymm0
- vminps %ymm12, %ymm0, %ymm0
+ vmaxps %ymm15, %ymm1, %ymm0
+ vminps %ymm0, %ymm12, %ymm0
  vmovaps %ymm0, 1568(%rcx,%rdx)
  addq $4, %rax
  addq $256, %rdx
@@ -214,8 +214,8 @@ main_compute_:
  vfmadd231ps 10272(%rdi,%rax,2), %ymm8, %ymm0
  vfmadd231ps 10336(%rdi,%rax,2), %ymm9, %ymm0
  vfmadd231ps 10400(%rdi,%rax,2), %ymm10, %ymm0
- vmaxps %ymm1, %ymm0, %ymm0
- vminps %ymm12, %ymm0, %ymm0
+ vmaxps %ymm0, %ymm1, %ymm0
+ vminps %ymm0, %ymm12, %ymm0
  vmovaps %ymm0, 2400(%rcx,%rax)
  addq $64, %rax
  cmpq $192, %rax

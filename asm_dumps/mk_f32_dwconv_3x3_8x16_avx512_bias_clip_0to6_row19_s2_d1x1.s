@@ -146,43 +146,43 @@ main_compute_:
  vfmadd231ps 5440(%rax,%r12), %zmm7, %zmm23
  vfmadd231ps 5504(%rax,%r12), %zmm8, %zmm23
  vfmadd231ps %zmm17, %zmm8, %zmm12
- vmaxps %zmm11, %zmm12, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm12, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %r9
  vmovaps %zmm12, 1344(%rcx,%r9)
  vfmadd231ps %zmm19, %zmm8, %zmm14
- vmaxps %zmm11, %zmm14, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm14, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %rbx
  vmovaps %zmm12, 1344(%rcx,%rbx)
  vfmadd231ps %zmm21, %zmm8, %zmm13
- vmaxps %zmm11, %zmm13, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm13, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %r11
  vmovaps %zmm12, 1344(%rcx,%r11)
  vfmadd231ps %zmm22, %zmm8, %zmm15
- vmaxps %zmm11, %zmm15, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm15, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %r10
  vmovaps %zmm12, 1344(%rcx,%r10)
  vfmadd231ps %zmm24, %zmm8, %zmm16
- vmaxps %zmm11, %zmm16, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm16, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %r8
  vmovaps %zmm12, 1344(%rcx,%r8)
  vfmadd231ps %zmm27, %zmm8, %zmm18
- vmaxps %zmm11, %zmm18, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm18, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %rsi
  vmovaps %zmm12, 1344(%rcx,%rsi)
  movl %edx, %esi
  vfmadd231ps %zmm25, %zmm8, %zmm20
- vmaxps %zmm11, %zmm20, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm20, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %r14
  vmovaps %zmm12, 1344(%rcx,%r14)
- vmaxps %zmm11, %zmm23, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm23, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  shlq $6, %r15
  vmovaps %zmm12, 1344(%rcx,%r15)
  movl $8, %r9d
@@ -202,8 +202,8 @@ main_compute_:
  vfmadd231ps 10240(%rdi,%rax,2), %zmm6, %zmm12
  vfmadd231ps 10304(%rdi,%rax,2), %zmm7, %zmm12
  vfmadd231ps 10368(%rdi,%rax,2), %zmm8, %zmm12
- vmaxps %zmm11, %zmm12, %zmm12
- vminps %zmm10, %zmm12, %zmm12
+ vmaxps %zmm12, %zmm11, %zmm12
+ vminps %zmm12, %zmm10, %zmm12
  vmovaps %zmm12, 2368(%rcx,%rax)
  addq $64, %rax
  cmpq $192, %rax

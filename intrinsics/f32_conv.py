@@ -25,18 +25,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
-
-from tvm.script import parser
-from tvm.script import tirx as T
-
 from microkernels import GemmKernel, TileError
 from microkernels.isa import normalize_ints
 
-from . import registry
-
-DEFAULT_CLIP = (0.0, 6.0)  # ReLU6
-
+from .templates import (DEFAULT_CLIP, Operand, element_body, f32, frame, free_stride, implementation_text, register_text,
+                        template)
 
 def reduce_axes(nb: int, kh: int, kw: int, bi: int) -> list[tuple[str, int]]:
     """(name, extent) of a conv tile's reduction loops, outer to inner, without unit extents:
@@ -116,102 +109,6 @@ class ConvTile:
         return ", ".join(lead + idx)
 
 
-def element_body(c_ref: str, a_ref: str, b_ref: str, red: list[tuple[str, int]], indent: str,
-                 bias_ref: str | None = None, res_ref: str | None = None, act: str | None = None,
-                 clip: tuple[float, float] = DEFAULT_CLIP) -> list[str]:
-    """TVMScript of one output element: zero, the reduction loops over `red`, the epilogue.
-
-    The single spelling of the statement sequence, used by the description here and by the
-    convolution schedule's blocks, which tensorize can only match if they are identical.
-    """
-    if not red:  # one product: a single statement, so the block stays complete (vectorizable)
-        return [f"{indent}{c_ref} = {epilogue_expr(f'{a_ref} * {b_ref}', bias_ref, res_ref, act, clip)}"]
-    lines = [f"{indent}{c_ref} = T.float32(0)"]
-    lines.append(f"{indent}for {', '.join(n for n, _ in red)} in T.grid({', '.join(str(e) for _, e in red)}):")
-    lines.append(f"{indent}    {c_ref} = {c_ref} + {a_ref} * {b_ref}")
-    value = epilogue_expr(c_ref, bias_ref, res_ref, act, clip)
-    if value != c_ref:
-        lines.append(f"{indent}{c_ref} = {value}")
-    return lines
-
-
-def epilogue_expr(value: str, bias_ref: str | None = None, res_ref: str | None = None, act: str | None = None,
-                  clip: tuple[float, float] = DEFAULT_CLIP) -> str:
-    """TVMScript of the epilogue applied to `value`, in the kernel's order: + bias, + residual, act."""
-    if bias_ref:
-        value = f"{value} + {bias_ref}"
-    if res_ref:
-        value = f"{value} + {res_ref}"
-    if act == "relu":
-        value = f"T.max({value}, T.float32(0))"
-    elif act == "clip":
-        value = f"T.min(T.max({value}, T.float32({clip[0]!r})), T.float32({clip[1]!r}))"
-    return value
-
-
-# The text every conv-family intrinsic (this one, f32_dwconv's rows, int_conv's tiles) writes alike.
-class Operand(NamedTuple):
-    """One buffer of an intrinsic: its parameter, its name, shape and dtype, and its strides as
-    TVMScript (None: compact)."""
-
-    param: str
-    name: str
-    shape: tuple
-    dtype: str = "float32"
-    strides: str | None = None
-
-
-def frame(operands: list[Operand]) -> list[str]:
-    """The signature, the buffers and the root block's reads and writes of an intrinsic whose
-    operands are given in parameter order, the output last: what a description and its
-    implementation share. The output leads the reads, as in the block TIR infers around an
-    update that reads it, which is the block tensorize builds around the workload's loops."""
-    region = lambda o: f"{o.name}[{', '.join(f'0:{e}' for e in o.shape)}]"  # noqa: E731
-    out = operands[-1]
-    return [
-        "@T.prim_func(s_tir=True)",
-        f"def f({', '.join(f'{o.param}: T.handle' for o in operands)}):",
-        *(f"    {o.name} = T.match_buffer({o.param}, {o.shape}, '{o.dtype}', offset_factor=1"
-          + (f", strides={o.strides})" if o.strides else ")") for o in operands),
-        "    with T.sblock('root'):",
-        f"        T.reads({', '.join(region(o) for o in [out, *operands[:-1]])})",
-        f"        T.writes({region(out)})",
-    ]
-
-
-def free_stride(_name: str) -> str:
-    """A description's spelling of a free stride: a fresh variable, which nothing names."""
-    return "T.int32()"
-
-
-def implementation_text(frame_of, body: list[str]) -> str:
-    """An implementation: `frame_of(stride)` with each stride spelled by its name and declared
-    after the signature (the first two lines), for `body` to pass to the kernel; `body` runs
-    under the attribute that carries the kernel's IR, `kernel_ir`, into the module that uses it
-    (LLVM links and inlines it there)."""
-    names: list[str] = []
-
-    def named(name: str) -> str:
-        names.append(name)
-        return name
-
-    lines = frame_of(named)
-    return template(lines[:2] + [f"    {n} = T.int32()" for n in names] + lines[2:]
-                    + ["        with T.attr(0, 'pragma_import_llvm', kernel_ir):"] + body)
-
-
-def register_text(name: str, description: str, implementation: str, kernel_ir: str) -> str:
-    """Register a description and an implementation written as TVMScript; the implementation
-    names the kernel's IR `kernel_ir`."""
-    env = {"T": T}
-    return registry.register(name, parser.parse(description, extra_vars=env),
-                             parser.parse(implementation, extra_vars=env | {"kernel_ir": kernel_ir}))
-
-
-def template(lines: list[str]) -> str:
-    return "\n".join(lines) + "\n"
-
-
 def _frame(tile: ConvTile, stride) -> list[str]:
     mr, cb, G = tile.kern.mr, tile.cols, tile.groups
     ep = tile.kern.epilogue
@@ -267,7 +164,7 @@ def implementation(tile: ConvTile) -> str:
     block_weights = tile.nb * tile.kh * tile.kw * bi * cb
     extra = (f", {block_weights}, scg" if G > 1 else "") + (", Bias.access_ptr('r')" if ep.bias else "") \
         + ((", R.access_ptr('r'), sr" + (", srg" if G > 1 else "")) if ep.residual else "") \
-        + (f", T.float32({tile.clip[0]!r}), T.float32({tile.clip[1]!r})" if ep.act == "clip" else "")
+        + (f", {f32(tile.clip[0])}, {f32(tile.clip[1])}" if ep.act == "clip" else "")
     return implementation_text(functools.partial(_frame, tile), [
         f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {bi * tile.sw},"
         f" B.access_ptr('r'), {cb}, C.access_ptr('w'), sc, {k_run}, {tile.nb}, s1, {tile.kh}, s2 * {tile.dh},"

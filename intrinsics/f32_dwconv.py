@@ -5,7 +5,7 @@ Description, for a row of OW output pixels of one 16-channel block:
 A is a window of the (band-packed) NCHW16c input: rows, columns, the 16 lanes; B the block's
 KH x KW x 16 weights; C the output row (pixels 16 apart). As for the conv tile, a spatial block
 per output element whose body zeroes it, runs the taps as plain loops and applies the epilogue
-(`f32_conv.element_body`, which the depthwise schedule uses too).
+(`templates.element_body`, which the depthwise schedule uses too).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from microkernels import TileError
 from microkernels.f32_dwconv import BLOCK, DwKernel
 from microkernels.isa import normalize_ints
 
-from .f32_conv import (DEFAULT_CLIP, Operand, element_body, frame, free_stride, implementation_text, register_text,
-                       template)
+from .templates import (DEFAULT_CLIP, Operand, element_body, f32, frame, free_stride, implementation_text,
+                        register_text, template)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def implementation(t: DwRow) -> str:
     """One call of the kernel for the whole row."""
     k, ep = t.kern, t.kern.epilogue
     extra = (", Bias.access_ptr('r')" if ep.bias else "") \
-        + (f", T.float32({t.clip[0]!r}), T.float32({t.clip[1]!r})" if ep.act == "clip" else "")
+        + (f", {f32(t.clip[0])}, {f32(t.clip[1])}" if ep.act == "clip" else "")
     return implementation_text(functools.partial(_frame, t), [
         f"            T.evaluate(T.call_extern('void', '{k.name}', A.access_ptr('r'), {t.sw * BLOCK}, {t.dw * BLOCK},"
         f" sa * {t.dh}, B.access_ptr('r'), C.access_ptr('w'), {t.ow}{extra}))",

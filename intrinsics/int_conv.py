@@ -22,7 +22,7 @@ from microkernels import TileError
 from microkernels.int_mac import MacKernel
 from microkernels.isa import normalize_ints
 
-from .f32_conv import Operand, frame, free_stride, implementation_text, register_text, template
+from .templates import Operand, frame, free_stride, implementation_text, register_text, template
 
 
 def reduce_axes(kh: int, kw: int, ci: int, dot: bool = False) -> list[tuple[str, int]]:

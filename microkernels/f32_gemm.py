@@ -236,14 +236,16 @@ def activation_ir(act: str | None, vt: str, lanes: int, x: str, tag: str, out: l
     of every kernel family with one (GEMM tiles, depthwise rows)."""
     if act is None:
         return x
-    # x > lo ? x : lo is vmaxps's own semantics (a NaN gives lo), like TIR's max.
+    # x < lo ? lo : x, and x > hi ? hi : x: a NaN compares false and passes through, as it does
+    # through the unfused np.maximum / torch.relu / torch.clamp. Still one vmaxps (vminps) each,
+    # with the bound as its first operand: on a NaN that instruction returns its second.
     lo = "zeroinitializer" if act == "relu" else "%lov"
-    out.append(f"  %gt{tag} = fcmp ogt {vt} {x}, {lo}")
-    out.append(f"  %ea{tag} = select <{lanes} x i1> %gt{tag}, {vt} {x}, {vt} {lo}")
+    out.append(f"  %lt{tag} = fcmp olt {vt} {x}, {lo}")
+    out.append(f"  %ea{tag} = select <{lanes} x i1> %lt{tag}, {vt} {lo}, {vt} {x}")
     x = f"%ea{tag}"
     if act == "clip":
-        out.append(f"  %lt{tag} = fcmp olt {vt} {x}, %hiv")
-        out.append(f"  %ec{tag} = select <{lanes} x i1> %lt{tag}, {vt} {x}, {vt} %hiv")
+        out.append(f"  %gt{tag} = fcmp ogt {vt} {x}, %hiv")
+        out.append(f"  %ec{tag} = select <{lanes} x i1> %gt{tag}, {vt} %hiv, {vt} {x}")
         x = f"%ec{tag}"
     return x
 

@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import s_tir
 
-from intrinsics.f32_conv import element_body
+from intrinsics.templates import element_body
 from intrinsics.f32_dwconv import DwRow, register_dw
 from microkernels import Isa
 from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from intrinsics.f32_conv import ConvTile, element_body, reduce_axes, register_conv
+from intrinsics.f32_conv import ConvTile, reduce_axes, register_conv
+from intrinsics.templates import element_body
 from microkernels import GemmKernel, Isa
 from microkernels.f32_gemm import registers_needed
 
@@ -143,7 +144,7 @@ def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: P
             L.append(f"                            vm = T.axis.spatial({t}, m)")
         L.append(f"                            vj = T.axis.spatial({bo}, j)")
         # The reduction runs as plain loops inside the block, then the epilogue: the form of
-        # the tile's description (intrinsics.f32_conv.element_body).
+        # the tile's description (intrinsics.templates.element_body).
         v = {a: a for a, _ in axes}
         qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""  # groups > 1: one block per tile
         q = f"{qg}{v.get('q', '0')}"

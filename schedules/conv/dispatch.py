@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import os
 
-from intrinsics.f32_conv import DEFAULT_CLIP
+from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
 from ..common.targets import check_emulate, dtype_name, positive_int, resolve, thread_count

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from intrinsics.f32_conv import DEFAULT_CLIP
+from intrinsics.templates import DEFAULT_CLIP
 from microkernels import NO_EPILOGUE, Epilogue
 from microkernels.f32_gemm import ACTIVATIONS
 

@@ -23,7 +23,7 @@ from tvm import s_tir
 from intrinsics.beta0 import drop_dead_inits
 from intrinsics.f32_gemm import register as register_gemm
 from intrinsics.f32_wino import register as register_wino
-from intrinsics.f32_conv import epilogue_expr
+from intrinsics.templates import epilogue_expr
 from intrinsics.f32_wino import value
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino

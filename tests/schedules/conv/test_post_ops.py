@@ -10,7 +10,7 @@ import schedules
 from schedules.conv import PostOps
 
 from ...conv_reference import EPS, ref_conv2d, with_post_ops
-from ...x86_exec import HOST
+from ...x86_exec import HOST, X86, X86_IDS, on
 
 POSTS = st.builds(PostOps, bias=st.booleans(), residual=st.booleans(),
                   activation=st.sampled_from([None, "relu", "clip"]),
@@ -112,3 +112,52 @@ def test_bias_is_added_before_the_residual_bit_for_bit(algorithm):
     op = schedules.conv2d(x.shape, w.shape, target=HOST, algorithm=algorithm, tile=4 if algorithm == "winograd" else None,
                           bias=True, residual=True)
     np.testing.assert_array_equal(op(x, w, bias=b, residual=r), np.zeros((1, 16, 4, 4), np.float32))
+
+
+NAN_LAYERS = {  # (data, weight, conv kwargs): each path that applies an activation
+    "direct": ((1, 16, 7, 9), (32, 16, 3, 3), dict(padding=1, algorithm="direct")),
+    "direct-one-pixel-rows": ((1, 16, 5, 1), (16, 16, 3, 1), dict(padding=(1, 0), algorithm="direct")),
+    "winograd": ((1, 16, 10, 10), (16, 16, 3, 3), dict(padding=1, algorithm="winograd", tile=4)),
+    "depthwise": ((1, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32)),
+    "depthwise-1x1": ((1, 32, 5, 5), (32, 1, 1, 1), dict(groups=32)),
+}
+
+
+@pytest.mark.parametrize("isa", X86, ids=X86_IDS)
+@pytest.mark.parametrize("layer", list(NAN_LAYERS))
+@pytest.mark.parametrize("activation, clip", [("relu", None), ("clip", (0.0, 6.0)), ("clip", (-1.0, 2.0))])
+def test_a_nan_stays_nan_through_the_activation(isa, layer, activation, clip):
+    """A fused ReLU or clip gives what the unfused np.maximum / np.clip (and torch.relu /
+    torch.clamp) give: NaN where the convolution is NaN, not the bound."""
+    ds, ws, kw = NAN_LAYERS[layer]
+    kw = dict(kw)
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(ds, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    x[0, 0, 2, 0] = np.nan  # reaches some outputs of every output channel (depthwise: channel 0's)
+    post = PostOps(activation=activation, clip=clip or (0.0, 6.0))
+    got = schedules.conv2d(ds, ws, **on(isa), activation=activation, clip=post.clip, **kw)(x, w)
+    unfused = schedules.conv2d(ds, ws, **on(isa), **kw)(x, w)
+    conv = {k: v for k, v in kw.items() if k not in ("algorithm", "tile")}
+    want = with_post_ops(x, w, None, None, post, **conv)
+    assert np.isnan(want).any() and not np.isnan(want).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(unfused))  # what the op then np.clip gives
+    if kw.get("algorithm") == "winograd":
+        # A transform mixes a whole tile (a NaN times a zero coefficient is NaN), so NaN reaches
+        # every output of the tiles it touches; those include every output the conv makes NaN.
+        assert np.isnan(got)[np.isnan(want)].all()
+    else:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("isa", X86, ids=X86_IDS)
+@pytest.mark.parametrize("algorithm", ["direct", "winograd", "depthwise"])
+def test_infinite_clip_bounds_clamp_nothing_on_their_side(isa, algorithm):
+    """clip=(-inf, hi) is min(x, hi), (lo, inf) is max(x, lo), (-inf, inf) is the identity."""
+    ds, ws, kw = {"direct": NAN_LAYERS["direct"], "winograd": NAN_LAYERS["winograd"],
+                  "depthwise": NAN_LAYERS["depthwise"]}[algorithm]
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal(ds, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    plain = schedules.conv2d(ds, ws, **on(isa), **kw)(x, w)
+    for lo, hi in ((-np.inf, 0.5), (-0.5, np.inf), (-np.inf, np.inf)):
+        got = schedules.conv2d(ds, ws, **on(isa), activation="clip", clip=(lo, hi), **kw)(x, w)
+        np.testing.assert_array_equal(got, np.clip(plain, lo, hi))

@@ -1,0 +1,119 @@
+"""The TVMScript every conv-family intrinsic writes alike (f32_conv's tiles, f32_dwconv's rows,
+int_conv's tiles): the element body and epilogue a description shares with the schedule's
+blocks, and the frame (signature, buffers, root reads and writes) a description shares with
+its implementation."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from tvm.script import parser
+from tvm.script import tirx as T
+
+from . import registry
+
+DEFAULT_CLIP = (0.0, 6.0)  # ReLU6
+
+
+def element_body(c_ref: str, a_ref: str, b_ref: str, red: list[tuple[str, int]], indent: str,
+                 bias_ref: str | None = None, res_ref: str | None = None, act: str | None = None,
+                 clip: tuple[float, float] = DEFAULT_CLIP) -> list[str]:
+    """TVMScript of one output element: zero, the reduction loops over `red`, the epilogue.
+
+    The single spelling of the statement sequence, used by the description here and by the
+    convolution schedule's blocks, which tensorize can only match if they are identical.
+    """
+    if not red:  # one product: a single statement, so the block stays complete (vectorizable)
+        return [f"{indent}{c_ref} = {epilogue_expr(f'{a_ref} * {b_ref}', bias_ref, res_ref, act, clip)}"]
+    lines = [f"{indent}{c_ref} = T.float32(0)"]
+    lines.append(f"{indent}for {', '.join(n for n, _ in red)} in T.grid({', '.join(str(e) for _, e in red)}):")
+    lines.append(f"{indent}    {c_ref} = {c_ref} + {a_ref} * {b_ref}")
+    value = epilogue_expr(c_ref, bias_ref, res_ref, act, clip)
+    if value != c_ref:
+        lines.append(f"{indent}{c_ref} = {value}")
+    return lines
+
+
+def epilogue_expr(value: str, bias_ref: str | None = None, res_ref: str | None = None, act: str | None = None,
+                  clip: tuple[float, float] = DEFAULT_CLIP) -> str:
+    """TVMScript of the epilogue applied to `value`, in the kernel's order: + bias, + residual, act."""
+    if bias_ref:
+        value = f"{value} + {bias_ref}"
+    if res_ref:
+        value = f"{value} + {res_ref}"
+    # The bound first: TVM lowers max(a, b) to a > b ? a : b, so a NaN value passes through, as
+    # it does through the unfused np.maximum / torch.relu / torch.clamp (one vmaxps all the same).
+    if act == "relu":
+        value = f"T.max(T.float32(0), {value})"
+    elif act == "clip":
+        value = f"T.min({f32(clip[1])}, T.max({f32(clip[0])}, {value}))"
+    return value
+
+
+def f32(v: float) -> str:
+    """A float32 constant as TVMScript; an infinite clip bound (no clamp on that side) by name,
+    since repr's inf would read as a variable."""
+    return f'T.float32("{v!r}")' if math.isinf(v) else f"T.float32({v!r})"
+
+
+class Operand(NamedTuple):
+    """One buffer of an intrinsic: its parameter, its name, shape and dtype, and its strides as
+    TVMScript (None: compact)."""
+
+    param: str
+    name: str
+    shape: tuple
+    dtype: str = "float32"
+    strides: str | None = None
+
+
+def frame(operands: list[Operand]) -> list[str]:
+    """The signature, the buffers and the root block's reads and writes of an intrinsic whose
+    operands are given in parameter order, the output last: what a description and its
+    implementation share. The output leads the reads, as in the block TIR infers around an
+    update that reads it, which is the block tensorize builds around the workload's loops."""
+    region = lambda o: f"{o.name}[{', '.join(f'0:{e}' for e in o.shape)}]"  # noqa: E731
+    out = operands[-1]
+    return [
+        "@T.prim_func(s_tir=True)",
+        f"def f({', '.join(f'{o.param}: T.handle' for o in operands)}):",
+        *(f"    {o.name} = T.match_buffer({o.param}, {o.shape}, '{o.dtype}', offset_factor=1"
+          + (f", strides={o.strides})" if o.strides else ")") for o in operands),
+        "    with T.sblock('root'):",
+        f"        T.reads({', '.join(region(o) for o in [out, *operands[:-1]])})",
+        f"        T.writes({region(out)})",
+    ]
+
+
+def free_stride(_name: str) -> str:
+    """A description's spelling of a free stride: a fresh variable, which nothing names."""
+    return "T.int32()"
+
+
+def implementation_text(frame_of, body: list[str]) -> str:
+    """An implementation: `frame_of(stride)` with each stride spelled by its name and declared
+    after the signature (the first two lines), for `body` to pass to the kernel; `body` runs
+    under the attribute that carries the kernel's IR, `kernel_ir`, into the module that uses it
+    (LLVM links and inlines it there)."""
+    names: list[str] = []
+
+    def named(name: str) -> str:
+        names.append(name)
+        return name
+
+    lines = frame_of(named)
+    return template(lines[:2] + [f"    {n} = T.int32()" for n in names] + lines[2:]
+                    + ["        with T.attr(0, 'pragma_import_llvm', kernel_ir):"] + body)
+
+
+def register_text(name: str, description: str, implementation: str, kernel_ir: str) -> str:
+    """Register a description and an implementation written as TVMScript; the implementation
+    names the kernel's IR `kernel_ir`."""
+    env = {"T": T}
+    return registry.register(name, parser.parse(description, extra_vars=env),
+                             parser.parse(implementation, extra_vars=env | {"kernel_ir": kernel_ir}))
+
+
+def template(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n"

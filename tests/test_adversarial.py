@@ -154,6 +154,10 @@ CASES = [
         import schedules
         schedules.matmul(2147483, 1000, 1, target="x86-avx2")
     """, "clear", "C_padded_to_tiles would hold"),
+    ("int8-packed-input-over-int32", """
+        import schedules
+        schedules.conv2d((1, 1, 40000, 40000), (1, 1, 3, 3), padding=1, dtype="int8", target="armv7-neon")
+    """, "clear", r"packed_input would hold 6400640016 elements \(1, 1, 40002, 40002, 4\)"),
     # issue 26: arguments validated where they enter
     ("winograd-tile-numpy-int", """
         import schedules

@@ -37,7 +37,7 @@ from intrinsics.int_conv import IntConvTile, register_int_conv
 from microkernels import Isa
 from microkernels.int_mac import MacKernel, default_mac_kernel
 
-from ..common.targets import check_array
+from ..common.targets import check_array, check_elements
 from ..common.tir import buffer, ceil_to, header, padded_pack, parse
 from ..emulation import qemu
 from .geometry import Geometry, Quantization
@@ -125,6 +125,15 @@ class Int8Plan:
         return (oh - 1) * sh + (g.kh - 1) * dh + 1, (self.ow_padded - 1) * sw + (g.kw - 1) * dw + 1
 
     @property
+    def acc_shape(self) -> tuple:
+        """The int32 accumulators: (N, Ho, Wo, C in whole vectors) for depthwise, else per
+        group and output block, each row padded to whole tiles (N, G, OB, Ho, Wo padded, NR)."""
+        g, (oh, ow) = self.g, self.g.out_hw
+        if self.depthwise:
+            return (g.n, oh, ow, self.packed_shape[-1])
+        return (g.n, g.groups, self.op // self.kern.nr, oh, self.ow_padded, self.kern.nr)
+
+    @property
     def weight_shape(self) -> tuple:
         g = self.g
         if self.depthwise:
@@ -179,12 +188,12 @@ def _pack_gemm_weights(plan: Int8Plan, w: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(blocks)
 
 
-def _header(plan: Int8Plan, dtype: str, accumulators: tuple) -> list[str]:
+def _header(plan: Int8Plan, dtype: str) -> list[str]:
     """The entry function of either path, with the packed input P and the int32 accumulators."""
     L = header([buffer("D", plan.data_shape, dtype), buffer("Wv", plan.weight_shape, plan.packed_dtype),
                 *([buffer("Bias", plan.bias_shape, "int32")] if plan.dot else []), buffer("Out", plan.out_shape, "int32")])
     return L + [f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')",
-                f"    Acc = T.alloc_buffer({accumulators}, 'int32')"]
+                f"    Acc = T.alloc_buffer({plan.acc_shape}, 'int32')"]
 
 
 def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
@@ -264,7 +273,7 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
     (sh, sw), (dh, dw) = g.stride, g.dilation
     owp, ob = plan.ow_padded, plan.op // nr
     tile = IntConvTile(kern, g.kh, g.kw, cp, sw, dh, dw)
-    L = _header(plan, dtype, (g.n, g.groups, ob, oh, owp, nr))
+    L = _header(plan, dtype)
     if plan.dot:
         L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
     L += _render_pack(plan, dtype, zp)
@@ -296,7 +305,7 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
     cp = plan.packed_shape[-1]
-    L = _header(plan, dtype, (g.n, oh, ow, cp)) + _render_pack(plan, dtype, zp)
+    L = _header(plan, dtype) + _render_pack(plan, dtype, zp)
     L += [
         f"    for n, y, x, c, r, s in T.grid({g.n}, {oh}, {ow}, {cp}, {g.kh}, {g.kw}):",
         "        with T.sblock('conv'):",
@@ -435,6 +444,8 @@ def schedule(g: Geometry, isa: Isa, quant: Quantization) -> Int8Conv2dOp:
     if conv_kernel(isa, dtype, is_depthwise(g)).op == "dot" and k > MAX_K_DOT:
         raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K_DOT}, the longest the "
                          f"sdot expansion (four terms, each up to 128*128*K) keeps exact in int32")
+    sizes = Int8Plan(g, conv_kernel(isa, dtype, is_depthwise(g)), is_depthwise(g))
+    check_elements(packed_input=sizes.packed_shape, packed_weight=sizes.weight_shape, accumulators=sizes.acc_shape)
     mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype)
     lib = tvm.compile(mod, target=isa.target)
     return Int8Conv2dOp(g, isa, lib, plan, dtype, weight_dtype, zp_x, zp_w)

@@ -65,8 +65,6 @@ def schedule_args(data_shape, weight_shape, stride=1, padding=0, dilation=1, gro
         raise TypeError(f"conv2d() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
                         f"it takes {', '.join(OPTIONS)}")
     o = {**OPTIONS, **options}
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
     dtype = dtype_name("dtype", dtype)
     quant_args = (o["input_zero_point"], o["weight_zero_point"], o["weight_dtype"])
     quant = None

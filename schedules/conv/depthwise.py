@@ -39,6 +39,11 @@ def shapes(g: Geometry) -> dict[str, tuple]:
             "out": (g.n, ob, oh, ow, BLOCK)}
 
 
+def band_shape(g: Geometry, vh: int) -> tuple:
+    """P: one band's input, VH output rows' worth with its zero padding (rows, columns, lanes)."""
+    return (g.input_rows(vh), g.input_cols(g.out_hw[1]), BLOCK)
+
+
 def _band_rows(g: Geometry, blocking: ConvBlocking, threads: int) -> int:
     """Output rows per band: the whole map when its packed input fits in half of L2 and there
     are enough (image, block) jobs for the threads; else the most rows whose input fits in a
@@ -59,7 +64,7 @@ def render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[list[str], Dw
     top, left = g.pad[0], g.pad[1]
     ob, nb = s["out"][1], oh // vh
     mult = g.o // g.c
-    ph, pw = g.input_rows(vh), g.input_cols(ow)
+    ph, pw, _ = band_shape(g, vh)
     ep = post.epilogue
     ch = f"((vo * {BLOCK} + vl) // {mult})" if mult > 1 else f"(vo * {BLOCK} + vl)"
     row = f"vyb * {vh * sh} + vr - {top}"
@@ -75,7 +80,7 @@ def render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[list[str], Dw
         f"            T.reads(D[vn, {region(s['data'][1:])}], Wt[vo, {region(s['weight'][1:])}]"
         + (f", Bias[vo, 0:{BLOCK}])" if ep.bias else ")"),
         f"            T.writes(Out[vn, vo, vyb * {vh}:vyb * {vh} + {vh}, 0:{ow}, 0:{BLOCK}])",
-        f"            P = T.alloc_buffer(({ph}, {pw}, {BLOCK}), 'float32')",
+        f"            P = T.alloc_buffer({band_shape(g, vh)}, 'float32')",
     ]
     L += padded_pack(12, "P", [("r", ph), ("x", pw), ("l", BLOCK)],
                      f"0 <= {row} and {row} < {g.h} and 0 <= {col} and {col} < {g.w} and vo * {BLOCK} + vl < {g.o}",
@@ -150,7 +155,7 @@ def schedule(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threa
     vh = _band_rows(g, blocking, threads)
     s = shapes(g)
     check_elements(data=s["data"], weight=s["weight"], output=s["out"],
-                   band=(g.input_rows(vh), g.input_cols(g.out_hw[1]), BLOCK))
+                   band=band_shape(g, vh))
     lines, tile = render(g, isa, vh, post)
     sch = s_tir.Schedule(parse(lines))
     if tile is not None:

@@ -78,6 +78,12 @@ def output_blocks(g: Geometry, isa: Isa, mr: int) -> int:
     return 2 if ok else 1
 
 
+def band_shape(g: Geometry, vh: int) -> tuple:
+    """P: one band's input, VH output rows' worth, padding included (input blocks, rows,
+    columns, lanes)."""
+    return (g.groups * g.nb, g.input_rows(vh), g.input_cols(g.out_hw[1]), g.bi)
+
+
 def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: PostOps,
            blocks: int = 1) -> tuple[list[str], list[tuple[str, ConvTile]]]:
     """TVMScript lines of the whole layer, and the (block name, tile) pairs to tensorize. blocks:
@@ -86,8 +92,6 @@ def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: P
     (sh, sw), (dh, dw) = g.stride, g.dilation
     nbands = oh // vh
     bi, bo = g.bi, g.block
-    ph, pw = g.input_rows(vh), g.input_cols(ow)
-    icb = g.groups * g.nb
     L = header([buffer("D", g.data_shape), buffer("Wt", g.weight_shape), *post_params(post, g), buffer("Out", g.out_shape)])
     L += [
         f"    for n, yb in T.grid({g.n}, {nbands}):" if not band_parallel
@@ -103,8 +107,8 @@ def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: P
     L.append(f"            T.reads(D[vn, {region(g.data_shape[1:])}], Wt[{region(g.weight_shape)}]{post_reads(post, g, vh)})")
     L.append(f"            T.writes(Out[vn, 0:{g.out_shape[1]}, vyb * {vh}:vyb * {vh} + {vh}, {region(g.out_shape[3:])}])")
     if g.padded:
-        L.append(f"            P = T.alloc_buffer(({icb}, {ph}, {pw}, {bi}), 'float32')")
-        L += band_pack(g, "vyb", vh * sh, (icb, ph, pw, bi))
+        L.append(f"            P = T.alloc_buffer({band_shape(g, vh)}, 'float32')")
+        L += band_pack(g, "vyb", vh * sh, band_shape(g, vh))
     jobs = g.groups * g.ob // blocks
     o_loop = f"T.parallel({jobs})" if not band_parallel else f"T.serial({jobs})"
     L.append(f"            for o in {o_loop}:")
@@ -172,7 +176,7 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     divides, mr: the tile's rows."""
     vh, band_parallel = bands(g, blocking, threads)
     check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
-                   band=(g.groups * g.nb, g.input_rows(vh), g.input_cols(g.out_hw[1]), g.bi))
+                   band=band_shape(g, vh))
     blocks = output_blocks(g, isa, mr)
     lines, tiles = render(g, isa, mr, vh, band_parallel, post, blocks)
     sch = s_tir.Schedule(parse(lines))

@@ -101,6 +101,13 @@ def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[in
     return vt, False, True
 
 
+def band_shapes(g: Geometry, m: int, vt: int) -> tuple[tuple, tuple]:
+    """P, one band's input (channel blocks, rows, columns, lanes; padding included), and V, its
+    transformed tiles (alpha, alpha, tiles, channels padded to blocks), for VT tile rows."""
+    tw, alpha, cb = ceil_div(g.out_hw[1], m), m + 2, ceil_div(g.c, BLOCK)
+    return (cb, vt * m + 2, tw * m + 2, BLOCK), (alpha, alpha, vt * tw, cb * BLOCK)
+
+
 def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parallel: bool,
            post: PostOps = NO_POST_OPS) -> tuple[list[str], list[tuple[str, str]]]:
     """TVMScript lines of the whole layer, and the (block name, intrinsic) pairs to tensorize."""
@@ -110,10 +117,10 @@ def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parall
     nbands, nt = th // vt, vt * tw
     cb = ceil_div(g.c, BLOCK)
     cp, ob = cb * BLOCK, g.ob
-    ph, pw = vt * m + 2, tw * m + 2
     bt, at = wino.transform_matrix("in", m), wino.transform_matrix("out", m)
     mr = DEFAULT_TILES[isa.name][0]
     u_shape = (ob, alpha, alpha, cp, BLOCK)
+    p_shape, v_shape = band_shapes(g, m, vt)
     L = header([buffer("D", g.data_shape), buffer("U", u_shape), *post_params(post, g), buffer("Out", g.out_shape)])
     L += [
         f"    for nb in T.{'parallel' if band_parallel else 'serial'}({g.n * nbands}):",
@@ -122,10 +129,10 @@ def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parall
         f"            vb = T.axis.spatial({nbands}, nb % {nbands})",
         f"            T.reads(D[vn, {region(g.data_shape[1:])}], U[{region(u_shape)}]{post_reads(post, g)})",
         f"            T.writes(Out[vn, {region(g.out_shape[1:])}])",
-        f"            P = T.alloc_buffer(({cb}, {ph}, {pw}, {BLOCK}), 'float32')",
-        f"            V = T.alloc_buffer(({alpha}, {alpha}, {nt}, {cp}), 'float32')",
+        f"            P = T.alloc_buffer({p_shape}, 'float32')",
+        f"            V = T.alloc_buffer({v_shape}, 'float32')",
     ]
-    L += band_pack(g, "vb", vt * m, (cb, ph, pw, BLOCK), lanes_used=None if g.bi == BLOCK else g.bi)
+    L += band_pack(g, "vb", vt * m, p_shape, lanes_used=None if g.bi == BLOCK else g.bi)
     L += [
         f"            for q, ty, tx, i, j, c in T.grid({cb}, {vt}, {tw}, {alpha}, {alpha}, {BLOCK}):",
         "                with T.sblock('wino_in'):",
@@ -230,9 +237,8 @@ def schedule(g: Geometry, isa: Isa, m: int, post: PostOps, blocking: ConvBlockin
     # U grows with alpha^2 / 9 of the weights: refused here, not deep in TVM's lowering.
     check_elements(data=g.data_shape, transformed_weight=blocked_weight_shape(g, m), output=g.out_shape)
     vt, band_parallel, o_parallel = _plan(g, m, blocking, threads)
-    alpha, tw = m + 2, ceil_div(g.out_hw[1], m)
-    check_elements(band=(ceil_div(g.c, BLOCK), vt * m + 2, tw * m + 2, BLOCK),
-                   band_transformed=(alpha, alpha, vt * tw, ceil_to(g.c, BLOCK)))
+    p_shape, v_shape = band_shapes(g, m, vt)
+    check_elements(band=p_shape, band_transformed=v_shape)
     lines, tiles = render(g, isa, m, vt, band_parallel, o_parallel, post)
     sch = s_tir.Schedule(parse(lines))
     for name, intrin in tiles:

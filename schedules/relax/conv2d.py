@@ -14,11 +14,15 @@
      residual)] -> [relu | clip | maximum with 0 | maximum then minimum with constants], where
      each intermediate value has no other user (clips are split into maximum and minimum
      first, which ConvertLayout can carry through the blocked layout and it cannot a clip).
-Everything else stays TVM's: compile the result with `tvm.compile(mod, target=Target(...))`
-(`build` does both steps) and run it on `relax.VirtualMachine`.
+  5. lowers every other op with TVM's legalization and schedules it (rest.py: pools, the mean,
+     the classifier's matmul, adds that follow no conv, the edge layout transforms: vectorized
+     and parallel), unless `lower=False`, which returns the Relax graph of steps 1-4.
+Compile the result with `tvm.compile(mod, target=Target(...))` (`build` does both steps) and
+run it on `relax.VirtualMachine`.
 
-Which convs run where (one log line each on the "tvm_microkernels.relax" logger, and in the
-`report` list when one is passed):
+Which ops run where (one log line each on the "tvm_microkernels.relax" logger, and one dict
+each in the `report` list when one is passed: "op" is "conv2d" for a conv, else the lowered
+function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies nothing):
   - blocked by ConvertLayout (channels per group multiples of 16): ours, direct or Winograd;
   - left in NCHW with groups = 1 (a 3-channel first layer) or depthwise (groups = channels,
     which ConvertLayout does not block): ours, between layout transforms of its own, weights
@@ -46,6 +50,7 @@ from microkernels import DEFAULT_TILES
 from ..common.targets import resolve, thread_count
 from ..conv import ConvParams, Geometry, PostOps, schedule
 from ..conv.geometry import depthwise
+from .rest import schedule_rest
 
 LOG = logging.getLogger("tvm_microkernels.relax")
 
@@ -116,7 +121,7 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
         return None, "shapes not static"
     groups = int(a.groups)
     if len(ds) == 5 and _attrs_ok(a, True, block):
-        ob, ib, kh, kw, bi, bo = ws
+        ob, _ib, kh, kw, _bi, bo = ws
         c, o = ds[1] * ds[4], ob * bo
         return _Conv(call, True, (ds[0], c, ds[2], ds[3]), (o, c // groups, kh, kw)), ""
     if len(ds) == 4 and _attrs_ok(a, False, block):
@@ -273,7 +278,7 @@ class _Swap(PyExprMutator):
 
     def _log(self, call, where: str, why: str, algorithm: str | None = None, post: PostOps | None = None) -> None:
         a = call.attrs
-        entry = {"data": _shape(call.args[0]), "weight": _shape(call.args[1]), "stride": [int(s) for s in a.strides],
+        entry = {"op": "conv2d", "data": _shape(call.args[0]), "weight": _shape(call.args[1]), "stride": [int(s) for s in a.strides],
                  "groups": int(a.groups), "runs_on": where, "reason": why}
         if algorithm:
             entry["algorithm"], entry["post_ops"] = algorithm, post.label
@@ -333,7 +338,7 @@ class _Swap(PyExprMutator):
         if conv.blocked:
             return out
         y = self.builder_.emit(out)
-        n, ob, oh, ow, bo = op.blocked_out_shape
+        _n, ob, _oh, _ow, bo = op.blocked_out_shape
         y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * bo + i, h, w))
         if ob * bo != g.o:
             y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[g.o])
@@ -415,8 +420,8 @@ class _CancelTransforms(PyExprMutator):
 
 
 def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,
-                  report: list | None = None) -> tvm.transform.Pass:
-    """Steps 2-4 of the module doc as one module pass (bind params before it)."""
+                  report: list | None = None, lower: bool = True) -> tvm.transform.Pass:
+    """Steps 2-5 of the module doc as one module pass (bind params before it)."""
     isa = resolve(target)
     if isa.arch != "x86":
         raise ValueError(f"the Relax integration runs the x86 float32 conv2d; target {target!r} is {isa.arch}")
@@ -436,19 +441,30 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
             # The residual input's own copy of the entry transform is the same expression.
             relax.transform.EliminateCommonSubexpr(),
         ])(mod)
-        return _swap(mod, target, algorithm, threads, fuse, report)
+        mod = _swap(mod, target, algorithm, threads, fuse, report)
+        return _lower_rest(mod, threads, report) if lower else mod
 
     return run
 
 
+def _lower_rest(mod: tvm.IRModule, threads, report: list) -> tvm.IRModule:
+    rest_report: list = []
+    mod = schedule_rest(mod, threads, rest_report)
+    for r in rest_report:
+        report.append({"op": r["func"], "runs_on": "ours" if r["runs_on"] == "scheduled" else r["runs_on"],
+                       "reason": r["how"]})
+        LOG.info("%s: %s (%s)", r["func"], report[-1]["runs_on"], r["how"])
+    return mod
+
+
 def optimize(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
-             fuse: bool = True, report: list | None = None) -> tvm.IRModule:
+             fuse: bool = True, report: list | None = None, lower: bool = True) -> tvm.IRModule:
     """The module doc's steps on `mod`; `params` maps "main"'s parameter names to numpy or TVM
     arrays. `report`, when given a list, receives one dict per conv2d (where it runs, why)."""
     if params:
         mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.asarray(v, np.float32))
                                                   if isinstance(v, np.ndarray) else v for k, v in params.items()})(mod)
-    return optimize_pass(target, algorithm, threads, fuse, report)(mod)
+    return optimize_pass(target, algorithm, threads, fuse, report, lower)(mod)
 
 
 def llvm_target(target="native") -> tvm.target.Target:

@@ -1,0 +1,202 @@
+"""The ops around the convs: every Relax op our conv pass leaves (pools, the global mean, the
+classifier's matmul, adds that follow no conv, layout transforms at the model's edges), lowered
+with TVM's legalization and then scheduled here, so none of them runs as TVM's default serial,
+scalar loop nest.
+
+TVM 0.27 ships no CPU schedules for these; left to `tvm.compile` they run as one thread of
+scalar code (MobileNetV2's mean and classifier alone were 20% of its time). The rules are few,
+because after our conv pass these ops are either copies, elementwise maps or small reductions,
+all bound by memory:
+  - inline every block that can be inlined (pads into pools, elementwise chains into one nest);
+  - spatial nest: the loop that walks the output's last dimension goes innermost and is
+    vectorized (the channel block of NCHW16c, or W of NCHW), the rest is fused and parallel;
+  - reduction nest (max/avg pool, mean over H and W, matmul): the same for its spatial loops,
+    with the reduction loops moved between the parallel loop and the vector loop, so each
+    thread owns whole outputs and accumulates a vector of them in registers (for a batch-1
+    classifier this is a GEMV that reads each weight once, as the matmul's columns are
+    the output's last dimension);
+  - nests too small to pay for waking the thread pool (about 16k multiply-adds) stay serial.
+A function none of the rules fits stays as TVM lowered it; the report says which and why.
+
+Functions are renamed `mk_<op>` (a prefix `bench`'s breakdown counts as ours) and marked
+scheduled and opaque, so `tvm.compile`'s own FuseOps does not fuse them again.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, s_tir, tirx
+
+PREFIX = "mk_"
+SERIAL_WORK = 1 << 14  # below this many loop iterations a parallel region costs more than it saves
+VECTOR_STEPS = (64, 32, 16, 8, 4)  # inner vector loop lengths tried, longest first (LLVM splits into registers)
+_OPAQUE = 8  # relax.OpPatternKind.kOpaque
+
+
+def _legalize() -> tvm.transform.Pass:
+    return tvm.transform.Sequential([
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ])
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int | None:
+    e = sch.get(loop).extent
+    return int(e) if isinstance(e, tirx.IntImm) else None
+
+
+def _vector_step(extent: int) -> int:
+    if extent <= VECTOR_STEPS[0]:
+        return extent
+    return next((v for v in VECTOR_STEPS if extent % v == 0), 1)
+
+
+def _innermost_output_var(block: tirx.SBlock):
+    """The block iter var that indexes the written buffer's last dimension by itself (unit
+    stride in the output), or None."""
+    if len(block.writes) != 1:
+        return None
+    last = block.writes[0].region[-1].min
+    for iv in block.iter_vars:
+        if iv.var.same_as(last):
+            return iv
+    return None
+
+
+def _schedule_nest(sch: s_tir.Schedule, block_rv, threads: int | None) -> str:
+    """One block's loop nest, as the module doc's rules say; returns what was done."""
+    block = sch.get(block_rv)
+    loops = sch.get_loops(block_rv)
+    if len(loops) != len(block.iter_vars):
+        raise ValueError(f"{len(loops)} loops for {len(block.iter_vars)} block iters")
+    extents = [_extent(sch, lp) for lp in loops]
+    if any(e is None for e in extents):
+        raise ValueError("symbolic loop extents")
+    # The loops come from TE in block-iter order; bind each iter to its loop to reorder.
+    spatial = [(lp, iv, e) for lp, iv, e in zip(loops, block.iter_vars, extents) if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [lp for lp, iv in zip(loops, block.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(spatial) + len(reduce) != len(loops) or not spatial:
+        raise ValueError("iterators neither spatial nor reductions")
+    inner_iv = _innermost_output_var(block)
+    inner = next((s for s in spatial if inner_iv is not None and s[1].same_as(inner_iv)), None)
+    if inner is None or inner[2] == 1:
+        inner = None
+    outer = [s[0] for s in spatial if s is not inner]
+    order = outer + reduce + ([inner[0]] if inner else [])
+    sch.reorder(*order)
+    done = []
+    vec = None
+    if inner is not None:
+        step = _vector_step(inner[2])
+        if step > 1:
+            rest, vec = sch.split(inner[0], [None, step])
+            if reduce:
+                sch.reorder(rest, *reduce)
+            outer.append(rest)
+            done.append(f"vector {step}")
+        else:
+            outer.append(inner[0])
+    fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
+    work = 1
+    for e in extents:
+        work *= e
+    if fused is not None and (threads is None or threads > 1) and work >= SERIAL_WORK and _extent(sch, fused) > 1:
+        sch.parallel(fused)
+        done.append("parallel")
+    if vec is not None:
+        sch.vectorize(vec)  # before the init is split off: TVM vectorizes only complete or reduction blocks
+    if reduce:
+        init = sch.decompose_reduction(block_rv, reduce[0])
+        if vec is not None:
+            init_loop = sch.get_loops(init)[-1]
+            if sch.get(init_loop).kind != tirx.ForKind.VECTORIZED:
+                sch.vectorize(init_loop)
+    return ", ".join(done) or "serial"
+
+
+def schedule_func(func: tirx.PrimFunc, threads: int | None) -> tuple[tirx.PrimFunc, str]:
+    """`func` scheduled by the module doc's rules, and a line saying how. Raises ValueError
+    (or TVM's ScheduleError) when a rule does not fit; the caller keeps TVM's version then."""
+    from tvm.s_tir.dlight.base import try_inline
+
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if len(blocks) > 1:
+        # try_inline wants the analysis' block infos; inline by hand: producers first, then
+        # consumers into the reductions they follow where TVM allows it.
+        from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            raise ValueError("blocks the analysis cannot normalize")
+        infos = try_inline(sch, infos)
+        blocks = [i.block_rv for i in infos]
+    how = [_schedule_nest(sch, b, threads) for b in blocks]
+    scheduled = sch.mod["main"].with_attr("tir.is_scheduled", True).with_attr("op_pattern", _OPAQUE)
+    return scheduled, "; ".join(how)
+
+
+@relax.expr_functor.mutator
+class _Rename(relax.PyExprMutator):
+    """call_tir(old gv, ...) -> call_tir(new gv, ...)."""
+
+    def __init__(self, mod, names: dict):
+        super().__init__(mod)
+        self.names = names
+
+    def visit_global_var_(self, gv):
+        return self.names.get(gv, gv)
+
+
+def schedule_rest(mod: tvm.IRModule, threads: int | None, report: list | None = None) -> tvm.IRModule:
+    """Legalize every Relax op `mod` still has and schedule each PrimFunc that is not ours;
+    `report` (a list) receives one dict per function: its name, "scheduled" or "tvm", how/why."""
+    report = [] if report is None else report
+    mod = _legalize()(mod)
+    rename = _Rename(mod, {})
+    taken = {gv.name_hint for gv, _ in mod.functions_items()}
+    for gv, func in mod.functions_items():
+        name = gv.name_hint
+        if not isinstance(func, tirx.PrimFunc) or name.startswith(PREFIX):
+            continue
+        if relax.analysis.has_reshape_pattern(func):
+            # RewriteDataflowReshape (in tvm.compile) turns these into views: no copy, no loop.
+            report.append({"func": name, "runs_on": "view", "how": "reshape without a copy"})
+            continue
+        try:
+            func, how = schedule_func(func, threads)
+        except (ValueError, RuntimeError) as e:  # TVM's ScheduleError is a RuntimeError
+            lines = str(e).strip().splitlines()
+            report.append({"func": name, "runs_on": "tvm", "how": lines[0] if lines else type(e).__name__})
+            continue
+        fresh = PREFIX + name
+        while fresh in taken:
+            fresh += "_"
+        taken.add(fresh)
+        rename.names[gv] = rename.builder_.add_func(func.with_attr("global_symbol", fresh), fresh)
+        report.append({"func": fresh, "runs_on": "scheduled", "how": how})
+    if not rename.names:
+        return mod
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rename.builder_.update_func(gv, rename.visit_expr(func))
+    out = rename.builder_.get()
+    return tvm.IRModule({gv: f for gv, f in out.functions_items() if gv not in rename.names}, attrs=out.attrs)
+
+
+def rest_pass(threads: int | None, report: list | None = None) -> tvm.transform.Pass:
+    """schedule_rest as a module pass, to run after the conv pass."""
+
+    @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsRest")
+    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return schedule_rest(mod, threads, report)
+
+    return run
+
+
+__all__ = ["PREFIX", "rest_pass", "schedule_func", "schedule_rest"]

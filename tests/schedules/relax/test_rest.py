@@ -1,0 +1,197 @@
+"""schedules.relax.schedule_rest: the ops around the convs, lowered by TVM and scheduled by us.
+
+Scheduling only reorders, fuses, splits, vectorizes and parallelizes spatial loops, and keeps
+each output's reduction loops in their order: every output is computed by the same sequence of
+float operations as TVM's own lowering, so the results are compared bit for bit against TVM's
+unscheduled build of the same module. Covers the host's ISA only (the rules name no ISA: LLVM
+picks the vector width from the target).
+"""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+from schedules import relax as mkrelax
+
+from .test_conv2d import HOST, call_tirs
+
+TARGET = mkrelax.llvm_target(HOST)
+
+
+def module(shape, body, params=()):
+    """main(x: shape, *params) = body(bb, x, *params), built with a BlockBuilder."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    pv = [relax.Var(f"p{i}", relax.TensorType(p.shape, "float32")) for i, p in enumerate(params)]
+    with bb.function("main", [x, *pv]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(body(bb, x, *pv)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def run(mod, *args) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
+    return vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+
+
+def scheduled(mod, threads=None):
+    report = []
+    return mkrelax.schedule_rest(mod, threads, report), report
+
+
+def check(mod, *args, threads=None):
+    """Every function ours (or a copy-free view), results equal to TVM's unscheduled build."""
+    opt, report = scheduled(mod, threads)
+    assert report and all(r["runs_on"] in ("scheduled", "view") for r in report), report
+    np.testing.assert_array_equal(run(opt, *args), run(mod, *args))
+    return opt, report
+
+
+def rng_array(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@settings(max_examples=8, deadline=None)
+@given(c=st.sampled_from([3, 16, 24, 64]), hw=st.integers(5, 20), k=st.sampled_from([2, 3]),
+       stride=st.sampled_from([1, 2]), blocked=st.booleans(), seed=st.integers(0, 99))
+def test_max_and_avg_pool(c, hw, k, stride, blocked, seed):
+    """NCHW and NCHW16c pools (the layout ConvertLayout gives them between blocked convs),
+    with padding: the pad block is inlined, the channel block is the vector."""
+    rng = np.random.default_rng(seed)
+    layout = "NCHW16c" if blocked else "NCHW"
+    shape = (1, -(-c // 16), hw, hw, 16) if blocked else (1, c, hw, hw)
+    for pool in (relax.op.nn.max_pool2d, relax.op.nn.avg_pool2d):
+        mod = module(shape, lambda bb, x, p=pool: p(x, pool_size=k, strides=stride, padding=k // 2, layout=layout))
+        _, report = check(mod, rng_array(rng, shape))
+        if blocked:
+            assert any("vector 16" in r["how"] for r in report), report
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.sampled_from([1, 3]), c=st.sampled_from([16, 40, 1280]), hw=st.sampled_from([1, 7, 10]),
+       seed=st.integers(0, 99))
+def test_mean_over_h_and_w(n, c, hw, seed):
+    rng = np.random.default_rng(seed)
+    mod = module((n, c, hw, hw), lambda bb, x: relax.op.mean(x, axis=[2, 3]))
+    check(mod, rng_array(rng, (n, c, hw, hw)))
+    blocked = (n, c // 8, hw, hw, 8)
+    check(module(blocked, lambda bb, x: relax.op.mean(x, axis=[2, 3], keepdims=True)), rng_array(rng, blocked))
+
+
+@settings(max_examples=8, deadline=None)
+@given(batch=st.sampled_from([1, 2, 8]), k=st.sampled_from([7, 64, 1280]), n=st.sampled_from([10, 16, 1000]),
+       seed=st.integers(0, 99))
+def test_classifier_matmul_plus_bias(batch, k, n, seed):
+    """The head as the torch frontend imports nn.Linear: matmul with (K, N) weights, then the
+    bias added with the bias first; batch 1 is the GEMV."""
+    rng = np.random.default_rng(seed)
+    w, b = rng_array(rng, (k, n)), rng_array(rng, (n,))
+    mod = module((batch, k), lambda bb, x, w_, b_: relax.op.add(b_, bb.emit(relax.op.matmul(x, w_))), (w, b))
+    check(mod, rng_array(rng, (batch, k)), w, b)
+
+
+def test_elementwise_and_layout_transforms():
+    """An add of two maps that follows no conv, then NCHW -> NCHW16c with padding (24
+    channels) and back with a slice: one chain of copies and maps."""
+    rng = np.random.default_rng(1)
+    shape = (1, 24, 9, 9)
+
+    def body(bb, x, y):
+        s = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(x, y))))
+        blocked = bb.emit(relax.op.layout_transform(s, index_map=lambda n, c, h, w: (n, c // 16, h, w, c % 16),
+                                                    pad_value=0.0))
+        back = bb.emit(relax.op.layout_transform(blocked, index_map=lambda n, c, h, w, i: (n, c * 16 + i, h, w)))
+        return relax.op.strided_slice(back, axes=[1], begin=[0], end=[24])
+
+    y = rng_array(rng, shape)
+    check(module(shape, body, (y,)), rng_array(rng, shape), y)
+
+
+def test_single_thread_plans_stay_serial_and_small_nests_too():
+    """threads=1: no parallel region at all; a tiny nest is serial whatever the threads."""
+    rng = np.random.default_rng(2)
+    shape = (1, 64, 28, 28)
+    mod = module(shape, lambda bb, x: relax.op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1))
+    _, report = check(mod, rng_array(rng, shape), threads=1)
+    assert all("parallel" not in r["how"] for r in report), report
+    _, report = check(mod, rng_array(rng, shape), threads=2)
+    assert any("parallel" in r["how"] for r in report), report
+    tiny = module((1, 4), lambda bb, x: relax.op.nn.relu(x))
+    _, report = check(tiny, rng_array(rng, (1, 4)), threads=2)
+    assert all("parallel" not in r["how"] for r in report), report
+
+
+def test_gemv_is_vector_fma_in_the_assembly():
+    """The batch-1 classifier: vector FMAs on the weights' rows (ymm or zmm by the target),
+    from a parallel region."""
+    rng = np.random.default_rng(3)
+    w, b = rng_array(rng, (1280, 1000)), rng_array(rng, (1000,))
+    mod = module((1, 1280), lambda bb, x, w_, b_: relax.op.add(b_, bb.emit(relax.op.matmul(x, w_))), (w, b))
+    opt, _ = check(mod, rng_array(rng, (1, 1280)), w, b, threads=2)
+    (name,) = [n for n in call_tirs(opt) if "matmul" in n]
+    lib = tvm.compile(tvm.IRModule({"main": opt[name]}), target=TARGET)
+    asm = lib.mod.inspect_source("asm")
+    assert re.search(r"vfmadd\w+ps\s+.*%[yz]mm", asm), "no packed FMA on ymm/zmm registers"
+    assert "TVMBackendParallelLaunch" in asm
+
+
+def test_what_no_rule_fits_stays_tvms_and_says_why():
+    """A symbolic batch: no static extent to split; the function is TVM's, named in the report."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(x)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    opt, report = scheduled(mod)
+    assert [r["runs_on"] for r in report] == ["tvm"] and "symbolic" in report[0]["how"], report
+    xv = np.random.default_rng(4).standard_normal((3, 16)).astype(np.float32)
+    np.testing.assert_array_equal(run(opt, xv), np.maximum(xv, 0))
+
+
+def test_scheduled_functions_are_not_fused_again_by_tvm_compile():
+    """tvm.compile runs FuseOps again; ours are marked opaque, so two scheduled maps in a row
+    stay two functions (fusing would merge their parallel regions' bodies)."""
+    shape = (1, 64, 32, 32)
+    mod = module(shape, lambda bb, x: relax.op.nn.relu(bb.emit(relax.op.nn.max_pool2d(x, pool_size=2, strides=2))))
+    opt, report = scheduled(mod)
+    names = sorted(r["func"] for r in report)
+    with TARGET:
+        again = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(opt)))
+    assert sorted(gv.name_hint for gv, f in again.functions_items() if gv.name_hint != "main") == names
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_optimize_lowers_the_rest_unless_asked_not_to(lower):
+    rng = np.random.default_rng(5)
+    w = rng_array(rng, (32, 16, 3, 3))
+    shape = (1, 16, 10, 10)
+    mod = module(shape, lambda bb, x, w_: relax.op.mean(bb.emit(relax.op.nn.conv2d(x, w_, padding=1)), axis=[2, 3]),
+                 (w,))
+    report = []
+    opt = mkrelax.optimize(mod, HOST, params={"p0": w}, report=report, lower=lower)
+    rest = [r for r in report if r["op"] != "conv2d"]
+    ops = {c.op.name for c in _calls(opt["main"])}
+    if lower:
+        assert rest and all(r["runs_on"] in ("ours", "view") for r in rest), report
+        assert ops == {"relax.call_tir"}, ops
+    else:
+        assert not rest and "relax.mean" in ops
+    xv = rng_array(rng, shape)
+    got = run(opt, xv)
+    np.testing.assert_allclose(got, run(mod, xv, w), rtol=1e-5, atol=1e-5)
+
+
+def _calls(func):
+    found = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call)
+                                    and isinstance(e.op, tvm.ir.Op) else None)
+    return found

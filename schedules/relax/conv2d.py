@@ -50,6 +50,7 @@ from microkernels import DEFAULT_TILES
 from ..common.targets import resolve, thread_count
 from ..conv import ConvParams, Geometry, PostOps, schedule
 from ..conv.geometry import depthwise
+from . import exprs
 from .rest import schedule_rest
 
 LOG = logging.getLogger("tvm_microkernels.relax")
@@ -60,29 +61,6 @@ _RELU = tvm.ir.Op.get("relax.nn.relu")
 _CLIP = tvm.ir.Op.get("relax.clip")
 _MAX = tvm.ir.Op.get("relax.maximum")
 _MIN = tvm.ir.Op.get("relax.minimum")
-
-
-def _shape(expr) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = getattr(ty.shape, "values", ty.shape)
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
-
-
-def _dtype(expr) -> str | None:
-    ty = getattr(expr, "ty", None)
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
-def _is_call(expr, op) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(op)
-
-
-def _const(expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, GenericConst) else None
 
 
 @dataclass
@@ -114,9 +92,9 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
     """Whether we run this conv2d, and why not when we do not."""
     data, weight = call.args
     a = call.attrs
-    ds, ws = _shape(data), _shape(weight)
-    if _dtype(data) != "float32" or _dtype(weight) != "float32":
-        return None, f"dtype {_dtype(data)}/{_dtype(weight)} (ours: float32)"
+    ds, ws = exprs.shape(data), exprs.shape(weight)
+    if exprs.dtype(data) != "float32" or exprs.dtype(weight) != "float32":
+        return None, f"dtype {exprs.dtype(data)}/{exprs.dtype(weight)} (ours: float32)"
     if ds is None or ws is None:
         return None, "shapes not static"
     groups = int(a.groups)
@@ -127,25 +105,10 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
     if len(ds) == 4 and _attrs_ok(a, False, block):
         if groups != 1 and not (groups == ds[1] and ws[1] == 1):  # depthwise runs on ours
             return None, f"groups={groups} in NCHW (channels per group not whole {block}-channel blocks)"
-        if _const(weight) is None:
+        if exprs.const(weight) is None:
             return None, "NCHW conv2d whose weights are not constants (bind params)"
         return _Conv(call, False, ds, ws), ""
     return None, f"layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}"
-
-
-def _uses(func: relax.Function) -> dict:
-    """Var -> number of bindings (and the function's result) that use it."""
-    count: dict = {}
-
-    def note(expr):
-        for v in relax.analysis.free_vars(expr):
-            count[v] = count.get(v, 0) + 1
-
-    for block in func.body.blocks:
-        for b in block.bindings:
-            note(b.value)
-    note(func.body.body)
-    return count
 
 
 def _scalar(expr) -> float | None:
@@ -154,13 +117,13 @@ def _scalar(expr) -> float | None:
         expr = expr.value
     if isinstance(getattr(expr, "value", None), (int, float)) and not isinstance(expr, GenericConst):
         return float(expr.value)
-    v = _const(expr)
+    v = exprs.const(expr)
     return float(v) if v is not None and v.size == 1 else None
 
 
 def _bias_vector(expr, conv: _Conv, block: int) -> np.ndarray | None:
     """(O,) when `expr` is a constant that adds one value per output channel."""
-    v = _const(expr)
+    v = exprs.const(expr)
     if v is None or v.dtype != np.float32:
         return None
     o = conv.weight_shape[0]
@@ -182,7 +145,7 @@ def _fuse_chain(conv: _Conv, var, users: dict, uses: dict, block: int, claimed) 
         nxt, value = users[cur]
         if nxt in claimed:
             break
-        if _is_call(value, _ADD) and conv.residual is None and conv.activation is None:
+        if exprs.is_call(value, _ADD) and conv.residual is None and conv.activation is None:
             a, b = value.args
             other = b if a.same_as(cur) else a if b.same_as(cur) else None
             if other is None or other.same_as(cur):
@@ -190,18 +153,18 @@ def _fuse_chain(conv: _Conv, var, users: dict, uses: dict, block: int, claimed) 
             bias = _bias_vector(other, conv, block)
             if bias is not None and conv.bias is None:
                 conv.bias = bias
-            elif (_shape(other) == _shape(cur) and _dtype(other) == "float32" and _const(other) is None
+            elif (exprs.shape(other) == exprs.shape(cur) and exprs.dtype(other) == "float32" and exprs.const(other) is None
                   and not conv.depthwise):
                 conv.residual = other
             else:
                 break
-        elif _is_call(value, _RELU) and conv.activation is None:
+        elif exprs.is_call(value, _RELU) and conv.activation is None:
             conv.activation = "relu"
-        elif _is_call(value, _MAX) and conv.activation is None and _scalar(value.args[1]) is not None:
+        elif exprs.is_call(value, _MAX) and conv.activation is None and _scalar(value.args[1]) is not None:
             # A clip arrives as maximum then minimum (_split_clips); a bare maximum with 0 is a ReLU.
             lo = _scalar(value.args[1])
             after = users.get(nxt) if uses.get(nxt, 0) == 1 else None
-            hi = _scalar(after[1].args[1]) if after and _is_call(after[1], _MIN) and after[0] not in claimed else None
+            hi = _scalar(after[1].args[1]) if after and exprs.is_call(after[1], _MIN) and after[0] not in claimed else None
             if hi is not None and lo < hi:
                 conv.activation, conv.clip = "clip", (lo, hi)
                 conv.skipped.append(cur)
@@ -226,7 +189,7 @@ class _SplitClips(PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not _is_call(call, _CLIP) or _dtype(call.args[0]) != "float32":
+        if not exprs.is_call(call, _CLIP) or exprs.dtype(call.args[0]) != "float32":
             return call
         lo, hi = (_scalar(b) for b in call.args[1:])
         if lo is None or hi is None:
@@ -234,16 +197,6 @@ class _SplitClips(PyExprMutator):
         x = call.args[0]
         low = self.builder_.emit(relax.op.maximum(x, relax.const(np.float32(lo))))
         return relax.op.minimum(low, relax.const(np.float32(hi)))
-
-
-def _mutate(mod: tvm.IRModule, mutator, prepare=None) -> tvm.IRModule:
-    """`mutator` over every Relax function of `mod` (`prepare(func)` first, when given)."""
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            if prepare:
-                prepare(func)
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return mutator.builder_.get()
 
 
 @expr_functor.mutator
@@ -258,14 +211,14 @@ class _Swap(PyExprMutator):
         self.skip: set = set()
 
     def plan(self, func: relax.Function) -> None:
-        uses = _uses(func)
+        uses = exprs.uses(func)
         for blk in func.body.blocks:
             users = {}
             for b in blk.bindings:
                 for v in relax.analysis.free_vars(b.value):
                     users.setdefault(v, (b.var, b.value))
             for b in blk.bindings:
-                if not _is_call(b.value, _CONV2D) or b.var in self.skip:
+                if not exprs.is_call(b.value, _CONV2D) or b.var in self.skip:
                     continue
                 conv, why = _classify(b.value, self.block)
                 if conv is None:
@@ -278,7 +231,7 @@ class _Swap(PyExprMutator):
 
     def _log(self, call, where: str, why: str, algorithm: str | None = None, post: PostOps | None = None) -> None:
         a = call.attrs
-        entry = {"op": "conv2d", "data": _shape(call.args[0]), "weight": _shape(call.args[1]), "stride": [int(s) for s in a.strides],
+        entry = {"op": "conv2d", "data": exprs.shape(call.args[0]), "weight": exprs.shape(call.args[1]), "stride": [int(s) for s in a.strides],
                  "groups": int(a.groups), "runs_on": where, "reason": why}
         if algorithm:
             entry["algorithm"], entry["post_ops"] = algorithm, post.label
@@ -305,13 +258,13 @@ class _Swap(PyExprMutator):
 
     def _lower(self, conv: _Conv) -> relax.Expr:
         data, weight = (self.visit_expr(x) for x in conv.call.args)
-        w_const = _const(weight)
+        w_const = exprs.const(weight)
         algorithm = self.algorithm if w_const is not None else "direct"  # Winograd needs constant weights
         s = self._schedule(conv, algorithm)
         g: Geometry = s.geometry
         op = s.cls(g, s.isa, None, None, s.plan, s.post)
-        if conv.blocked and (tuple(g.data_shape) != _shape(data) or (s.plan.algorithm == "direct" and tuple(g.weight_shape) != _shape(weight))):
-            raise AssertionError(f"ConvertLayout's blocked shapes {_shape(data)}, {_shape(weight)} are not ours "
+        if conv.blocked and (tuple(g.data_shape) != exprs.shape(data) or (s.plan.algorithm == "direct" and tuple(g.weight_shape) != exprs.shape(weight))):
+            raise AssertionError(f"ConvertLayout's blocked shapes {exprs.shape(data)}, {exprs.shape(weight)} are not ours "
                                  f"{g.data_shape}, {g.weight_shape}")
         # Weights: ConvertLayout + FoldConstant already packed a blocked conv's into our layout.
         if s.plan.algorithm == "winograd" or not conv.blocked:
@@ -366,8 +319,8 @@ def _func_name(g: Geometry, plan, post: PostOps) -> str:
 
 def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report) -> tvm.IRModule:
     swap = _Swap(mod, target, algorithm, threads, fuse, report)
-    mod = _mutate(mod, swap, swap.plan)
-    return relax.transform.DeadCodeElimination()(_mutate(mod, _CancelTransforms(mod)))
+    mod = exprs.mutate(mod, swap, swap.plan)
+    return relax.transform.DeadCodeElimination()(exprs.mutate(mod, _CancelTransforms(mod)))
 
 
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
@@ -378,10 +331,10 @@ def _undoes(outer, inner) -> bool:
     proves that their composed index maps give back every index of the original shape."""
     if inner.attrs.pad_value is not None or outer.attrs.pad_value is not None:
         return False
-    shape, between = _shape(inner.args[0]), _shape(inner)
+    shape, between = exprs.shape(inner.args[0]), exprs.shape(inner)
     # More elements in between means implicit padding (values left unspecified), which the
     # outer map would write over the round trip's.
-    if shape is None or between is None or shape != _shape(outer) or math.prod(between) != math.prod(shape):
+    if shape is None or between is None or shape != exprs.shape(outer) or math.prod(between) != math.prod(shape):
         return False
     there, back = inner.attrs.index_map, outer.attrs.index_map
     if len(there.initial_indices) != len(shape) or len(back.initial_indices) != len(there.final_indices):
@@ -409,7 +362,7 @@ class _CancelTransforms(PyExprMutator):
 
     def visit_var_binding_(self, binding):
         value = self.visit_expr(binding.value)
-        if _is_call(value, _LAYOUT_TRANSFORM):
+        if exprs.is_call(value, _LAYOUT_TRANSFORM):
             src = value.args[0]
             inner = self.transforms.get(src)
             if inner is not None and _undoes(value, inner):
@@ -433,7 +386,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
 
     @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
     def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = _mutate(mod, _SplitClips(mod))
+        mod = exprs.mutate(mod, _SplitClips(mod))
         mod = tvm.transform.Sequential([
             relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}),
             relax.transform.Normalize(),

@@ -1,7 +1,9 @@
 """Whole models: every float32 conv2d of a Relax module on our kernels, blocked end to end.
 
 `optimize(mod, target, params)` (or `optimize_pass(...)` inside a user's own pipeline):
-  1. binds `params` (weights given as function inputs become constants),
+  1. binds `params` (weights given as function inputs become constants) and folds inference
+     batch norms into the preceding convs' weights and bias (batchnorm.py; where no conv
+     precedes one, into a scale and shift),
   2. converts the convs to NCHW16c data / OIHW16i16o weights with TVM's ConvertLayout, which
      carries the elementwise ops between them into the blocked layout and leaves one layout
      transform at the model's entry and one at its exit; FoldConstant packs the weights then,
@@ -51,6 +53,7 @@ from ..common.targets import resolve, thread_count
 from ..conv import ConvParams, Geometry, PostOps, schedule
 from ..conv.geometry import depthwise
 from . import exprs
+from .batchnorm import fold_batch_norm
 from .rest import schedule_rest
 
 LOG = logging.getLogger("tvm_microkernels.relax")
@@ -386,6 +389,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
 
     @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
     def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = _fold_batch_norms(mod, report)
         mod = exprs.mutate(mod, _SplitClips(mod))
         mod = tvm.transform.Sequential([
             relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}),
@@ -398,6 +402,16 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
         return _lower_rest(mod, threads, report) if lower else mod
 
     return run
+
+
+def _fold_batch_norms(mod: tvm.IRModule, report: list) -> tvm.IRModule:
+    folds: list = []
+    mod = fold_batch_norm(mod, folds)
+    for f in folds:
+        into = {"conv2d": "into the conv's weights and bias", "scale_shift": "into a scale and shift"}
+        report.append({"op": "batch_norm", "runs_on": "folded" if f["folded_into"] else "kept",
+                       "reason": into.get(f["folded_into"], f["reason"])})
+    return mod
 
 
 def _lower_rest(mod: tvm.IRModule, threads, report: list) -> tvm.IRModule:

@@ -1,10 +1,11 @@
-"""ResNet-50 v1.5 (and smaller residual networks of the same blocks), inference form.
+"""ResNet-50 v1.5 and ResNeXt-50 32x4d (and smaller residual networks of the same blocks),
+inference form.
 
 Batch norm is folded into each convolution's weights and bias, as a deployment build does, so
 a layer is conv2d + bias (+ residual) (+ ReLU). v1.5: a bottleneck's stride sits on its 3x3
-conv, not its first 1x1. Weights are random (seeded), scaled so activations stay of order one
-through the 16 residual blocks (He scaling; each block's last conv scaled down, as a zero-init
-last batch-norm gamma would).
+conv, not its first 1x1; ResNeXt's 3x3 is grouped (resnet(groups=32, base_width=4)). Weights
+are random (seeded), scaled so activations stay of order one through the 16 residual blocks
+(He scaling; each block's last conv scaled down, as a zero-init last batch-norm gamma would).
 """
 
 from __future__ import annotations
@@ -57,20 +58,28 @@ class ResNet:
         return self.blocks[-1].convs[2].cout
 
 
-def resnet(stages=RESNET50_STAGES, stem_width: int = 64, image: int = 224, classes: int = 1000) -> ResNet:
-    """A bottleneck ResNet: resnet() is ResNet-50; fewer/narrower stages make small ones."""
+def resnet(stages=RESNET50_STAGES, stem_width: int = 64, image: int = 224, classes: int = 1000, groups: int = 1,
+           base_width: int = 64) -> ResNet:
+    """A bottleneck ResNet: resnet() is ResNet-50; fewer/narrower stages make small ones. groups and
+    base_width (channels per group at the first stage) make ResNeXt's grouped 3x3, torchvision's way:
+    resnext50_32x4d() is resnet(groups=32, base_width=4)."""
     stem = Conv("stem", 3, stem_width, 7, 2)
     blocks, cin = [], stem_width
     for si, (width, count) in enumerate(stages):
+        inner = width * base_width // 64 * groups
         for bi in range(count):
             stride = 2 if bi == 0 and si > 0 else 1
             p = f"s{si}b{bi}"
-            convs = (Conv(f"{p}c1", cin, width, 1), Conv(f"{p}c2", width, width, 3, stride),
-                     Conv(f"{p}c3", width, 4 * width, 1))
+            convs = (Conv(f"{p}c1", cin, inner, 1), Conv(f"{p}c2", inner, inner, 3, stride, groups),
+                     Conv(f"{p}c3", inner, 4 * width, 1))
             down = Conv(f"{p}down", cin, 4 * width, 1, stride) if bi == 0 else None
             blocks.append(Block(convs, down))
             cin = 4 * width
     return ResNet(stem, tuple(blocks), classes, image)
+
+
+def resnext50_32x4d(image: int = 224, classes: int = 1000) -> ResNet:
+    return resnet(image=image, classes=classes, groups=32, base_width=4)
 
 
 def random_params(net: ResNet, seed: int = 0) -> dict[str, np.ndarray]:
@@ -79,8 +88,9 @@ def random_params(net: ResNet, seed: int = 0) -> dict[str, np.ndarray]:
     params = {}
     last = {b.convs[2].name for b in net.blocks}
     for c in net.convs:
-        scale = np.sqrt(2.0 / (c.cin * c.k * c.k)) * (0.2 if c.name in last else 1.0)
-        params[f"{c.name}.w"] = (rng.standard_normal((c.cout, c.cin, c.k, c.k)) * scale).astype(np.float32)
+        scale = np.sqrt(2.0 / (c.cin // c.groups * c.k * c.k)) * (0.2 if c.name in last else 1.0)
+        w = rng.standard_normal((c.cout, c.cin // c.groups, c.k, c.k)) * scale
+        params[f"{c.name}.w"] = w.astype(np.float32)
         params[f"{c.name}.b"] = (rng.standard_normal(c.cout) * 0.05).astype(np.float32)
     params["fc.w"] = (rng.standard_normal((net.classes, net.features)) / np.sqrt(net.features)).astype(np.float32)
     params["fc.b"] = (rng.standard_normal(net.classes) * 0.05).astype(np.float32)
@@ -97,7 +107,8 @@ def relax_module(net: ResNet, params: dict[str, np.ndarray], batch: int = 1):
     const = lambda a: relax.const(a)  # noqa: E731
 
     def conv(v, c: Conv, relu: bool, residual=None):
-        y = bb.emit(relax.op.nn.conv2d(v, const(params[f"{c.name}.w"]), strides=c.stride, padding=c.pad))
+        y = bb.emit(relax.op.nn.conv2d(v, const(params[f"{c.name}.w"]), strides=c.stride, padding=c.pad,
+                                       groups=c.groups))
         y = bb.emit(relax.op.add(y, const(params[f"{c.name}.b"].reshape(1, -1, 1, 1))))
         if residual is not None:
             y = bb.emit(relax.op.add(y, residual))
@@ -127,7 +138,7 @@ def torch_module(net: ResNet, params: dict[str, np.ndarray]):
     from torch import nn
 
     def conv(c: Conv) -> nn.Conv2d:
-        m = nn.Conv2d(c.cin, c.cout, c.k, c.stride, c.pad, bias=True)
+        m = nn.Conv2d(c.cin, c.cout, c.k, c.stride, c.pad, groups=c.groups, bias=True)
         m.weight.data = torch.from_numpy(params[f"{c.name}.w"].copy())
         m.bias.data = torch.from_numpy(params[f"{c.name}.b"].copy())
         return m

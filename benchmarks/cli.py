@@ -1,4 +1,5 @@
-"""Command line: `python -m microkernels bench gemm|conv2d|arm|accuracy|resnet50|mobilenet_v2 [...]`, `regen-asm`, `check-tools`."""
+"""Command line: `python -m microkernels bench gemm|conv2d|arm|accuracy|resnet50|mobilenet_v2|resnext50 [...]`,
+`regen-asm`, `check-tools`."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def check_tools() -> int:
     return int(failed)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m microkernels")
     sub = p.add_subparsers(dest="cmd", required=True)
     bench = sub.add_parser("bench", help="measure kernels and operators")
@@ -78,16 +79,29 @@ def main(argv=None) -> int:
     acc.add_argument("--channels", nargs="+", type=int, default=[16, 64, 256, 512])
     acc.add_argument("--size", type=int, default=12, help="height and width of the layer")
     acc.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    for model, title in (("resnet50", "ResNet-50"), ("mobilenet_v2", "MobileNetV2")):
-        r = bsub.add_parser(model, help=f"whole {title} (Relax, our conv2d) vs TVM's default build and PyTorch")
+    for model, title in (("resnet50", "ResNet-50"), ("mobilenet_v2", "MobileNetV2"), ("resnext50", "ResNeXt-50 32x4d")):
+        r = bsub.add_parser(model, help=f"whole {title} (Relax, our conv2d) vs PyTorch, TVM's default build, "
+                                        "ONNX Runtime and OpenVINO (--peers)")
         r.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
         r.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
         r.add_argument("--repeat", type=int, default=10)
-        r.add_argument("--no-default", action="store_true", help="skip TVM's default build (slow to run)")
+        r.add_argument("--style", choices=["folded", "user", "both"], default="folded",
+                       help="folded: models/' network, batch norm folded by hand; user: models/torch_style.py's "
+                            "PyTorch module (Conv2d + BatchNorm2d) through torch.export and TVM's torch frontend")
+        r.add_argument("--peers", action="store_true",
+                       help="also ONNX Runtime and OpenVINO on the module's ONNX export (pip install -e \".[peers]\")")
+        r.add_argument("--batch", nargs="+", type=int, default=[1], metavar="N", help="batch sizes (default 1)")
+        r.add_argument("--default", dest="tvm_default", action=argparse.BooleanOptionalAction,
+                       default=None, help="time TVM's default build of the folded module, slow to build and run "
+                                          "(default: yes, no with --peers)")
         r.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
     sub.add_parser("check-tools", help="self-check the ARM cross toolchains, qemu-user and llvm-mca")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
 
     if args.cmd == "regen-asm":
         from intrinsics import golden as tile_golden
@@ -123,10 +137,12 @@ def main(argv=None) -> int:
 
     from benchmarks import gemm
 
-    if args.what in ("resnet50", "mobilenet_v2"):
+    if args.what in ("resnet50", "mobilenet_v2", "resnext50"):
         from benchmarks import network
 
-        result = network.run(isa, threads, args.repeat, log, default_tvm=not args.no_default, model=args.what)
+        default_tvm = not args.peers if args.tvm_default is None else args.tvm_default
+        result = network.run(isa, threads, args.repeat, log, default_tvm=default_tvm, model=args.what,
+                             style=args.style, peers=args.peers, batches=args.batch)
     elif args.what == "accuracy":
         from benchmarks import accuracy
 

@@ -1,21 +1,31 @@
-"""`bench resnet50` and `bench mobilenet_v2`: the whole network, ours (schedules.relax) against
-TVM's default Relax build and PyTorch eager (oneDNN), in one run.
+"""`bench resnet50`, `bench mobilenet_v2` and `bench resnext50`: the whole network, ours
+(schedules.relax) against PyTorch eager (oneDNN) and, with `peers`, ONNX Runtime and OpenVINO on
+its ONNX export, in one run.
 
-All three run the same network with the same weights (batch norm folded; models.resnet,
-models.mobilenet), batch 1,
-224x224, warm cache, latency of one forward pass. Ours and PyTorch are timed in alternating
-rounds (ours, PyTorch, ours, ...), and each side keeps the smallest of its per-round medians, so
-a drift of the shared machine's speed lands on both. TVM's default build is timed once per thread
-count: it is two orders of magnitude slower and only there to show where a model stands without
-conv schedules. The per-layer breakdown times every VM call of our model (the VM's instrument
-hook) and sorts it into conv (our kernels, Winograd transforms included), layout transforms,
-elementwise ops that were not fused, and the rest (pooling, the classifier).
+Two styles of the same architecture (`style`):
+  - "folded": the network as models/ builds it (models.resnet, ResNeXt-50 32x4d included,
+    models.mobilenet), batch norm folded by hand into each conv's weights and bias, written as a
+    Relax module; PyTorch runs the same network and weights;
+  - "user": the network as a PyTorch user writes it (models.torch_style: conv + BatchNorm2d +
+    ReLU modules), imported with torch.export and TVM's torch frontend, then the same
+    `schedules.relax.optimize` and `tvm.compile`.
+Every engine runs the same PyTorch module of its style and the same input; 224x224, warm cache,
+latency of one forward pass at each batch size (throughput too above batch 1).
+
+The engines take turns over ROUNDS rounds (ours, [unfused,] ONNX Runtime, OpenVINO, PyTorch,
+ours, ...), with a pause between turns, and each keeps the smallest of its per-round medians, so
+a drift of the shared machine's speed lands on all of them. Without `peers`, ours is also timed
+without fusion (`fuse=False`). With `default_tvm` (the command line's default unless --peers),
+TVM's default build of the folded module is timed once per thread count (it has no conv
+schedules; orders of magnitude slower). The per-layer breakdown times every VM call of our
+model (the VM's instrument hook) and sorts it with classify().
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -23,6 +33,12 @@ from microkernels import Isa
 from schedules.common.targets import require_host, set_threads
 
 ROUNDS = 3
+PAUSE = 0.1  # s between turns: TVM's idle workers spin briefly after a call and would steal cores
+MODELS = ("resnet50", "mobilenet_v2", "resnext50")
+TORCH_STYLE = {"resnet50": "resnet50", "mobilenet_v2": "mobilenet_v2", "resnext50": "resnext50_32x4d"}
+STYLES = ("folded", "user")
+OVERHEAD = ("TVM lowering", "conv (TVM's lowering)", "layout transforms")  # the issue's target: at most 5% of our time
+FLAG = 1e-3  # an engine whose output differs from PyTorch's by more (relative to its largest) is flagged
 
 
 def _vm(ex):
@@ -39,31 +55,35 @@ def _time_vm(vm, x, repeat: int) -> float:
     return statistics.median(ev(x).results)
 
 
-def _time_torch(model, x, repeat: int) -> float:
-    import torch
-
+def _time_call(fn, repeat: int) -> float:
+    fn()
     times = []
-    with torch.no_grad():
-        model(x)
-        for _ in range(repeat):
-            t = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - t)
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
     return statistics.median(times)
 
 
 def classify(symbol: str) -> str:
+    """The kind of one VM call: "conv" (our conv2d, Winograd transforms included), "layout
+    transforms" (whoever scheduled them: they are overhead either way), "conv (TVM's lowering)"
+    (a conv our kernels do not take, e.g. 4 or 8 channels per group: TVM's loop nest, which
+    schedule_rest only vectorizes and parallelizes), "ours (other ops)" (the other functions
+    schedule_rest schedules, named mk_*), or "TVM lowering" (the rest: TVM's default lowering)."""
     if symbol.startswith("mk_conv2d"):
         return "conv"
     if "layout_transform" in symbol:
         return "layout transforms"
-    if any(op in symbol for op in ("add", "relu", "clip", "multiply")) and "pool" not in symbol:
-        return "unfused elementwise"
-    return "other"
+    if "conv2d" in symbol:
+        return "conv (TVM's lowering)"
+    if symbol.startswith("mk_"):
+        return "ours (other ops)"
+    return "TVM lowering"
 
 
-def breakdown(vm, x, repeat: int = 5) -> dict[str, float]:
-    """Seconds per category of VM call, median over `repeat` passes."""
+def profile(vm, x, repeat: int = 5) -> dict[str, float]:
+    """Seconds per VM call symbol (summed over its calls in one pass), median over `repeat` passes."""
     from tvm.runtime import vm as rvm
 
     spans: list[dict[str, float]] = []
@@ -76,8 +96,7 @@ def breakdown(vm, x, repeat: int = 5) -> dict[str, float]:
         if before:
             starts[name] = time.perf_counter()
         else:
-            cat = classify(name)
-            current[cat] = current.get(cat, 0.0) + time.perf_counter() - starts.pop(name)
+            current[name] = current.get(name, 0.0) + time.perf_counter() - starts.pop(name)
         return rvm.VMInstrumentReturnKind.NO_OP
 
     vm.set_instrument(hook)
@@ -89,65 +108,219 @@ def breakdown(vm, x, repeat: int = 5) -> dict[str, float]:
             spans.append(current)
     finally:
         vm.set_instrument(None)
-    cats = sorted({c for s in spans for c in s})
-    return {c: statistics.median(s.get(c, 0.0) for s in spans) for c in cats}
+    names = sorted({n for s in spans for n in s})
+    return {n: statistics.median(s.get(n, 0.0) for s in spans) for n in names}
 
 
-def network(name: str):
-    """(the Relax module, the PyTorch module, the input size) of a benchmark network."""
+def breakdown(symbols: dict[str, float]) -> dict[str, float]:
+    """profile()'s seconds summed by classify()'s kinds."""
+    out: dict[str, float] = {}
+    for name, t in symbols.items():
+        out[classify(name)] = out.get(classify(name), 0.0) + t
+    return dict(sorted(out.items()))
+
+
+def network(name: str, batch: int = 1):
+    """(the Relax module, the PyTorch module, the input size) of a benchmark network, folded style."""
     from models import mobilenet, resnet
 
-    family, net = {"resnet50": (resnet, resnet.resnet), "mobilenet_v2": (mobilenet, mobilenet.mobilenet_v2)}[name]
+    family, net = {"resnet50": (resnet, resnet.resnet), "mobilenet_v2": (mobilenet, mobilenet.mobilenet_v2),
+                   "resnext50": (resnet, resnet.resnext50_32x4d)}[name]
     net = net()
     params = family.random_params(net)
-    return family.relax_module(net, params), family.torch_module(net, params), net.image
+    return family.relax_module(net, params, batch), family.torch_module(net, params), net.image
 
 
-def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True, model: str = "resnet50") -> dict:
+def import_torch(model, x: np.ndarray):
+    """A PyTorch module as a Relax module, the way a user imports one: torch.export, then TVM's
+    torch frontend with the weights as constants. Its main returns a tuple (the output is [0])."""
+    import warnings
+
     import torch
-    import tvm
+    from tvm.relax.frontend.torch import from_exported_program
 
-    from schedules import relax as mkrelax
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecation notice, not the user's
+        ep = torch.export.export(model, (torch.from_numpy(x),))
+        return from_exported_program(ep, keep_params_as_input=False)
+
+
+def _first(out):
+    """The torch frontend's main returns a tuple; the folded modules a tensor."""
+    return out if hasattr(out, "numpy") else out[0]
+
+
+def _rel_diff(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def _summarize(report: list) -> str:
+    convs = [r for r in report if r.get("op", "conv2d") == "conv2d"]
+    line = f"{sum(r['runs_on'] == 'ours' for r in convs)}/{len(convs)} conv2d on our kernels"
+    left = {}
+    for r in report:
+        if r["runs_on"] == "tvm":
+            key = f"{r.get('op', 'conv2d')} ({r['reason']})"
+            left[key] = left.get(key, 0) + 1
+    if left:
+        line += "; left to TVM: " + ", ".join(f"{n}x {k}" for k, n in left.items())
+    return line
+
+
+class _Case:
+    """One style at one batch: the input, the PyTorch module, our build(s), the peers."""
+
+    def __init__(self, style: str, batch: int, model: str, isa: Isa, log, options: dict):
+        import torch
+        import tvm
+
+        from schedules import relax as mkrelax
+
+        self.style, self.batch, self.tag = style, batch, f"[{style} b{batch}]"
+        if style == "folded":
+            mod, self.torch_model, image = network(model, batch)
+        else:
+            from models import torch_style
+
+            self.torch_model, image = torch_style.build(TORCH_STYLE[model]), torch_style.IMAGE
+        self.x_np = np.random.default_rng(1).standard_normal((batch, 3, image, image)).astype(np.float32)
+        self.x = tvm.runtime.tensor(self.x_np)
+        target = f"x86-{isa.name}"
+        t0 = time.perf_counter()
+        if style == "user":
+            mod = import_torch(self.torch_model, self.x_np)
+            log(f"{self.tag} torch.export + from_exported_program: {time.perf_counter() - t0:.1f} s")
+            t0 = time.perf_counter()
+        self.report: list = []
+        llvm = mkrelax.llvm_target(target)
+        self.ours = _vm(tvm.compile(mkrelax.optimize(mod, target, report=self.report), target=llvm))
+        log(f"{self.tag} optimize + compile ours: {time.perf_counter() - t0:.1f} s; {_summarize(self.report)}")
+        self.unfused = self.default = None
+        if options["unfused"]:
+            self.unfused = _vm(tvm.compile(mkrelax.optimize(mod, target, fuse=False), target=llvm))
+        if options["default"] and style == "folded":
+            self.default = _vm(tvm.compile(mod, target=llvm))
+        with torch.no_grad():
+            self.want = self.torch_model(torch.from_numpy(self.x_np)).numpy()
+        self.peers = None
+        if options["peers"]:
+            from benchmarks import peers
+
+            self.peers = peers.Peers(self.torch_model)
+
+    def engines(self, threads: int):
+        """The peers' engines on this case's input; PyTorch alone (and no ONNX in sight) without peers."""
+        if self.peers is not None:
+            return self.peers.engines(self.x_np, threads)
+        import torch
+
+        torch.set_num_threads(threads)
+        xt = torch.from_numpy(self.x_np)
+
+        def run():
+            with torch.no_grad():
+                return self.torch_model(xt).numpy()
+
+        return [SimpleNamespace(name="PyTorch", version=torch.__version__, precision="float32", run=run)]
+
+    def check(self, name: str, got: np.ndarray, log) -> float:
+        err = _rel_diff(np.asarray(got), self.want)
+        log(f"{self.tag} {name} vs PyTorch: max |diff| / max |PyTorch| = {err:.2e}"
+            + (f"  ABOVE {FLAG:g}" if err > FLAG else ""))
+        return err
+
+    def time(self, engines, repeat: int) -> dict[str, float]:
+        """ms per engine: the engines take turns, ROUNDS rounds, best per-round median."""
+        turns = [("ours", lambda: _time_vm(self.ours, self.x, repeat))]
+        if self.unfused is not None:
+            turns.append(("unfused", lambda: _time_vm(self.unfused, self.x, repeat)))
+        turns += [(e.name, lambda e=e: _time_call(e.run, repeat)) for e in engines]
+        best: dict[str, list[float]] = {name: [] for name, _ in turns}
+        for _ in range(ROUNDS):
+            for name, fn in turns:
+                best[name].append(fn())
+                time.sleep(PAUSE)
+        return {name: min(v) * 1e3 for name, v in best.items()}
+
+
+SHORT = {"ONNX Runtime": "ORT"}
+
+
+def _log_breakdown(symbols: dict[str, float], row: dict, log) -> None:
+    parts = breakdown(symbols)
+    row["breakdown_ms"] = {k: v * 1e3 for k, v in parts.items()}
+    total = sum(parts.values())
+    log("        ours by kind: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / total:.0%})" for k, v in parts.items()))
+    overhead = sum(parts.get(k, 0.0) for k in OVERHEAD)
+    row["overhead_share"] = overhead / total
+    line = f"        TVM lowering (convs included) + layout transforms: {overhead * 1e3:.2f} ms = {overhead / total:.1%} of ours"
+    line += " (target <= 5%)" if overhead / total > 0.05 else ""
+    lowered = sorted(((v, n) for n, v in symbols.items() if classify(n) == "TVM lowering"), reverse=True)
+    if lowered:
+        line += "; largest lowered: " + ", ".join(f"{n} {v * 1e3:.2f} ms" for v, n in lowered[:3])
+    log(line)
+
+
+def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True, model: str = "resnet50",
+        style: str = "folded", peers: bool = False, batches=(1,)) -> dict:
+    """Build, check and time `model` in `style` ("folded", "user" or "both") at each batch size
+    and thread count; one table row per (batch, threads); the figures as a dict."""
+    import torch
 
     require_host(isa)
-    target = f"x86-{isa.name}"
-    mod, tmodel, image = network(model)
-    x_np = np.random.default_rng(1).standard_normal((1, 3, image, image)).astype(np.float32)
-    x = tvm.runtime.tensor(x_np)
-    xt = torch.from_numpy(x_np)
-
-    t0 = time.perf_counter()
-    report: list = []
-    ours = _vm(tvm.compile(mkrelax.optimize(mod, target, report=report), target=mkrelax.llvm_target(target)))
-    log(f"optimize + compile ours: {time.perf_counter() - t0:.1f} s; "
-        f"{sum(r['runs_on'] == 'ours' for r in report)}/{len(report)} conv2d on our kernels")
-    unfused = _vm(tvm.compile(mkrelax.optimize(mod, target, fuse=False), target=mkrelax.llvm_target(target)))
-    default = _vm(tvm.compile(mod, target=mkrelax.llvm_target(target))) if default_tvm else None
-
-    with torch.no_grad():
-        want = tmodel(xt).numpy()
-    got = ours["main"](x).numpy()
-    err = float(np.abs(got - want).max() / np.abs(want).max())
-    log(f"ours vs PyTorch: max |diff| / max |PyTorch| = {err:.2e}")
-
-    result = {"model": model, "isa": isa.name, "max_rel_diff_vs_torch": err, "threads": {}}
-    log(f"{'threads':>7} {'ours ms':>9} {'unfused':>9} {'PyTorch':>9} {'TVM dflt':>9} {'ours/PT':>8} {'fusion saves':>12}")
-    for t in threads:
-        set_threads(t)
-        torch.set_num_threads(t)
-        ours_t, torch_t, unfused_t = [], [], []
-        for _ in range(ROUNDS):
-            ours_t.append(_time_vm(ours, x, repeat))
-            unfused_t.append(_time_vm(unfused, x, repeat))
-            time.sleep(0.1)  # TVM's idle workers spin briefly after a call and would steal cores
-            torch_t.append(_time_torch(tmodel, xt, repeat))
-        o, u, p = min(ours_t), min(unfused_t), min(torch_t)
-        d = _time_vm(default, x, 1) if default is not None else float("nan")
-        parts = breakdown(ours, x)
-        row = {"ours_ms": o * 1e3, "unfused_ms": u * 1e3, "torch_ms": p * 1e3, "tvm_default_ms": d * 1e3,
-               "ours_over_torch": o / p, "breakdown_ms": {k: v * 1e3 for k, v in parts.items()}}
-        result["threads"][t] = row
-        log(f"{t:>7} {o * 1e3:>9.2f} {u * 1e3:>9.2f} {p * 1e3:>9.2f} {d * 1e3:>9.1f} {o / p:>8.2f} {(u - o) * 1e3:>10.2f}ms")
-        total = sum(parts.values())
-        log("        ours by kind: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / total:.0%})" for k, v in parts.items()))
+    options = {"unfused": not peers, "default": default_tvm, "peers": peers}
+    result = {"model": model, "isa": isa.name, "rounds": ROUNDS, "repeat": repeat, "engines": {}, "report": {},
+              "rows": []}
+    worst = 0.0
+    for st in STYLES if style == "both" else [style]:
+        cases = [_Case(st, b, model, isa, log, options) for b in batches]
+        ready = {}  # the engines at the first thread count, checked and named before the table
+        for c in cases:
+            result["report"][c.tag[1:-1]] = c.report
+            worst = max(worst, c.check("ours", _first(c.ours["main"](c.x)).numpy(), log))
+            ready[c.batch] = c.engines(threads[0])
+            for e in ready[c.batch]:
+                if e.name not in result["engines"]:
+                    result["engines"][e.name] = {"version": e.version, "precision": e.precision}
+                    log(f"{e.name} {e.version}, precision {e.precision}")
+                if e.name != "PyTorch":
+                    worst = max(worst, c.check(e.name, e.run(), log))
+        for why in cases[0].peers.skipped if cases[0].peers else []:
+            log(why)
+        cols = ["ours"] + (["unfused"] if options["unfused"] else []) + [
+            e.name for e in ready[cases[0].batch] if e.name != "PyTorch"] + ["PyTorch"]
+        dflt_col = st == "folded" and (options["default"] or not peers)  # nan where skipped, as before --peers
+        log(f"[{st}] {model}, {ROUNDS} rounds x {repeat} runs, best per-round median")
+        log(f"{'threads':>7} {'batch':>5} " + " ".join(f"{SHORT.get(n, n) + ' ms':>11}" for n in cols)
+            + (f" {'TVM dflt':>9}" if dflt_col else "")
+            + (f" {'ours/best-peer':>14}" if peers else f" {'ours/PT':>8} {'fusion saves':>12}"))
+        for t in threads:
+            set_threads(t)
+            torch.set_num_threads(t)
+            for c in cases:
+                engines = ready.pop(c.batch) if t == threads[0] else c.engines(t)
+                ms = c.time(engines, repeat)
+                row = {"style": st, "batch": c.batch, "threads": t, "ms": ms}
+                line = f"{t:>7} {c.batch:>5} " + " ".join(f"{ms.get(n, float('nan')):>11.2f}" for n in cols)
+                if dflt_col:
+                    row["tvm_default_ms"] = _time_vm(c.default, c.x, 1) * 1e3 if c.default is not None else float("nan")
+                    line += f" {row['tvm_default_ms']:>9.1f}"
+                if peers:
+                    best = min((v, n) for n, v in ms.items() if n not in ("ours", "unfused"))
+                    row["ours_over_best_peer"], row["best_peer"] = ms["ours"] / best[0], best[1]
+                    line += f" {ms['ours'] / best[0]:>8.2f} ({SHORT.get(best[1], best[1])})"
+                else:
+                    row["ours_over_torch"] = ms["ours"] / ms["PyTorch"]
+                    line += f" {row['ours_over_torch']:>8.2f} {ms['unfused'] - ms['ours']:>10.2f}ms"
+                log(line)
+                _log_breakdown(profile(c.ours, c.x), row, log)
+                if c.batch > 1:
+                    row["images_per_s"] = {n: c.batch / v * 1e3 for n, v in ms.items()}
+                    log("        images/s: " + ", ".join(f"{SHORT.get(n, n)} {v:.1f}"
+                                                         for n, v in row["images_per_s"].items()))
+                result["rows"].append(row)
+        for c in cases:
+            if c.peers:
+                c.peers.close()
+    result["max_rel_diff_vs_torch"] = worst
     return result

@@ -88,8 +88,8 @@ def test_bench_resnet50_runs_from_a_clone(clone):
     """The whole network from the clone's own models/ package (about a minute: two builds)."""
     out = cli(clone, "-m", "microkernels", "bench", "resnet50", "--threads", "1", "--repeat", "1", "--no-default")
     assert "53/53 conv2d on our kernels" in out, out
-    rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["1"]]
-    assert len(rows) == 1 and rows[0][4] == "nan", out  # one thread; TVM's default build skipped
+    rows = [line.split() for line in out.splitlines() if line.split()[:2] == ["1", "1"]]
+    assert len(rows) == 1 and rows[0][5] == "nan", out  # one thread, batch 1; TVM's default build skipped
     assert "ours by kind: conv" in out, out
     diff = float(out.split("max |PyTorch| = ")[1].split()[0])
     assert diff < 1e-4, out

@@ -1,0 +1,139 @@
+"""The engines people deploy a PyTorch model with, on the same module: ONNX Runtime and OpenVINO
+on its ONNX export, and PyTorch eager itself.
+
+`Peers(model)` exports the module to ONNX (TorchScript exporter, opset 17, one file per input
+shape, in a temporary directory it removes on close) and `engines(x, threads)` returns one
+`Engine` per engine that can run here: a callable that runs one forward pass on `x`, the
+engine's version and the precision it computes in. ONNX Runtime runs on its CPU provider with
+every graph optimization on, `threads` intra-op threads and one inter-op thread; OpenVINO on
+"CPU" with the latency hint, f32 inference precision asked for and read back from the compiled
+model, `threads` inference threads. An engine whose package is not installed (the `peers` extra:
+onnx, onnxruntime, openvino) is left out, its one-line reason in `Peers.skipped`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+OPSET = 17
+# engine -> the packages it needs (onnx: the exporter writes the file with it)
+NEEDS = {"ONNX Runtime": ("onnx", "onnxruntime"), "OpenVINO": ("onnx", "openvino")}
+
+
+@dataclass
+class Engine:
+    name: str
+    version: str
+    precision: str
+    run: Callable[[], np.ndarray]  # one forward pass on the input it was built for
+
+
+def missing(engine: str) -> str | None:
+    """Why `engine` cannot run here (a package it needs does not import), or None."""
+    for pkg in NEEDS.get(engine, ()):
+        try:
+            importlib.import_module(pkg)
+        except Exception as e:  # noqa: BLE001 (a broken install fails with more than ImportError)
+            return f"{engine} skipped: `import {pkg}` failed ({type(e).__name__}: {e}); pip install -e \".[peers]\""
+    return None
+
+
+def pytorch(model, x: np.ndarray, threads: int) -> Engine:
+    import torch
+
+    torch.set_num_threads(threads)
+    xt = torch.from_numpy(x)
+
+    def run():
+        with torch.no_grad():
+            return model(xt).numpy()
+
+    return Engine("PyTorch", torch.__version__, "float32", run)
+
+
+def onnx_runtime(path: str, x: np.ndarray, threads: int) -> Engine:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x}
+    return Engine("ONNX Runtime", ort.__version__, "float32", lambda: session.run(None, feed)[0])
+
+
+def openvino(path: str, x: np.ndarray, threads: int) -> Engine:
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {
+        hints.inference_precision: ov.Type.f32,
+        hints.performance_mode: hints.PerformanceMode.LATENCY,
+        props.inference_num_threads: threads,
+    })
+    request = compiled.create_infer_request()
+    precision = compiled.get_property(hints.inference_precision)  # what it compiled for, read back
+    precision = precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)
+
+    def run():
+        request.infer([x])
+        return request.get_output_tensor(0).data.copy()
+
+    return Engine("OpenVINO", ov.__version__.split("-")[0], precision, run)
+
+
+class Peers:
+    """ONNX exports of one PyTorch module and the engines on them (module docstring)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.skipped = [why for why in map(missing, NEEDS) if why]
+        self._dir = None
+        self._exports: dict[tuple, str] = {}
+
+    def export(self, x: np.ndarray) -> str:
+        """The module exported to ONNX for inputs of x's shape (once per shape)."""
+        import torch
+
+        if x.shape not in self._exports:
+            if self._dir is None:
+                self._dir = tempfile.TemporaryDirectory(prefix="mk-peers-")
+            path = os.path.join(self._dir.name, f"model_{'x'.join(map(str, x.shape))}.onnx")
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+                torch.onnx.export(self.model, (torch.from_numpy(x),), path, dynamo=False, opset_version=OPSET)
+            self._exports[x.shape] = path
+        return self._exports[x.shape]
+
+    def engines(self, x: np.ndarray, threads: int) -> list[Engine]:
+        """ONNX Runtime, OpenVINO (those that can run here) and PyTorch, each on input x."""
+        out = []
+        if len(self.skipped) < len(NEEDS):
+            path = self.export(x)
+            if not missing("ONNX Runtime"):
+                out.append(onnx_runtime(path, x, threads))
+            if not missing("OpenVINO"):
+                out.append(openvino(path, x, threads))
+        return out + [pytorch(self.model, x, threads)]
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+        self._exports.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -59,6 +59,16 @@ def depthwise(channels: int, groups: int) -> bool:
     return groups == channels > 1
 
 
+def block_diagonal(channels: int, out_channels: int, groups: int, block: int) -> bool:
+    """A grouped layer whose groups are narrower than a block (ResNeXt's 4 or 8 channels per
+    group) and tile it: it runs as whole-block groups with block-diagonal weights, on the plain
+    blocked layout in and out (grouped.widen)."""
+    if groups < 1 or channels % groups or out_channels % groups:
+        return False
+    cg, og = channels // groups, out_channels // groups
+    return 1 < cg < block and block % cg == 0 and og % cg == 0 and channels % block == 0
+
+
 @dataclass(frozen=True)
 class ConvParams:
     """One conv2d layer as the user gives it: NCHW data and OIHW weight shapes, stride and

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..common import layouts
 from ..common.targets import check_array
-from .geometry import NO_POST_OPS, Geometry
+from .geometry import NO_POST_OPS, Geometry, block_diagonal
 from .op import Conv2dOp
 
 
@@ -23,7 +23,7 @@ def widen(g: Geometry) -> Geometry | None:
     the layer's multiply-adds, where padding each group's input and output channels to a block
     did (16 / cg) * (16 / og) times. None when the layer is not of that kind."""
     b = g.block
-    if not (1 < g.cg < b and b % g.cg == 0 and g.og % g.cg == 0 and g.c % b == 0):
+    if not block_diagonal(g.c, g.o, g.groups, b):
         return None
     span = b // g.cg  # layer groups per block
     return Geometry(g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad, g.dilation, g.groups // span, b)

@@ -26,12 +26,13 @@ Which ops run where (one log line each on the "tvm_microkernels.relax" logger, a
 each in the `report` list when one is passed: "op" is "conv2d" for a conv, else the lowered
 function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies nothing):
   - blocked by ConvertLayout (channels per group multiples of 16): ours, direct or Winograd;
-  - left in NCHW with groups = 1 (a 3-channel first layer) or depthwise (groups = channels,
-    which ConvertLayout does not block): ours, between layout transforms of its own, weights
-    packed here; a last step cancels each transform pair that undoes itself, so a depthwise
-    layer between blocked neighbours runs blocked with no transform at all;
-  - anything else (grouped convs whose groups are not whole 16-channel blocks, non-float32,
-    weights that are not constants on the NCHW path): TVM's default lowering.
+  - left in NCHW with groups = 1 (a 3-channel first layer), depthwise (groups = channels) or
+    groups narrower than a block that tile it (ResNeXt's 4 or 8 channels per group: block-
+    diagonal weights), none of which ConvertLayout blocks: ours, between layout transforms of
+    its own, weights packed here; a last step cancels each transform pair that undoes itself,
+    so such a layer between blocked neighbours runs blocked with no transform at all;
+  - anything else (other grouped convs whose groups are not whole 16-channel blocks,
+    non-float32, weights that are not constants on the NCHW path): TVM's default lowering.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from microkernels import DEFAULT_TILES
 
 from ..common.targets import resolve, thread_count
 from ..conv import ConvParams, Geometry, PostOps, schedule
-from ..conv.geometry import depthwise
+from ..conv.geometry import block_diagonal, depthwise
 from . import exprs
 from .batchnorm import fold_batch_norm
 from .rest import schedule_rest
@@ -106,8 +107,10 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
         c, o = ds[1] * ds[4], ob * bo
         return _Conv(call, True, (ds[0], c, ds[2], ds[3]), (o, c // groups, kh, kw)), ""
     if len(ds) == 4 and _attrs_ok(a, False, block):
-        if groups != 1 and not (groups == ds[1] and ws[1] == 1):  # depthwise runs on ours
-            return None, f"groups={groups} in NCHW (channels per group not whole {block}-channel blocks)"
+        # Depthwise and narrow groups that tile a block (block-diagonal) run on ours, blocked.
+        if groups != 1 and not (groups == ds[1] and ws[1] == 1) and not block_diagonal(ds[1], ws[0], groups, block):
+            return None, (f"groups={groups} in NCHW ({ds[1] // groups} channels per group: neither whole "
+                          f"{block}-channel blocks nor a divisor of {block})")
         if exprs.const(weight) is None:
             return None, "NCHW conv2d whose weights are not constants (bind params)"
         return _Conv(call, False, ds, ws), ""

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from schedules.conv import ConvBlocking, ConvParams, Geometry, PostOps, Quantization
 from schedules.conv import geometry as geometry_module
-from schedules.conv.geometry import depthwise, segments
+from schedules.conv.geometry import block_diagonal, depthwise, segments
 
 
 def test_conv_params_normalize_what_users_write():
@@ -119,3 +119,18 @@ def test_blocking_budgets_are_checked():
     with pytest.raises(ValueError, match="l2_bytes must be >= 1"):
         ConvBlocking(l2_bytes=0)
     assert ConvBlocking(l2_bytes=np.int64(1 << 20)).l2 == 1 << 20
+
+
+@pytest.mark.parametrize("c, o, groups, want", [
+    (128, 128, 32, True),  # ResNeXt 32x4d's first stage: 4 channels per group
+    (256, 256, 32, True),  # 8 per group
+    (64, 128, 16, True),  # 4 in, 8 out per group: og a multiple of cg
+    (512, 512, 32, False),  # 16 per group: whole blocks, ConvertLayout blocks it
+    (32, 32, 32, False),  # 1 per group: depthwise, its own kernel
+    (48, 48, 8, False),  # 6 per group does not divide 16
+    (32, 16, 4, False),  # 8 in, 4 out per group: og not a multiple of cg
+    (24, 24, 6, False),  # 4 per group, but 24 channels are not whole blocks
+    (30, 30, 4, False),  # groups do not divide the channels
+])
+def test_block_diagonal_takes_narrow_groups_that_tile_a_block(c, o, groups, want):
+    assert block_diagonal(c, o, groups, 16) is want

@@ -127,13 +127,14 @@ def test_two_layout_transforms_when_the_first_conv_is_blocked():
 
 
 def test_odd_layers_compile_and_match():
-    """5x5, stride 3, dilation 2, a grouped conv ours can block (16 channels per group), one it
-    cannot (8 per group: TVM's lowering), a depthwise conv (ours, in NCHW between transforms),
-    a clip, a dense layer; and weights given as parameters, bound by optimize."""
+    """5x5, stride 3, dilation 2, a grouped conv ConvertLayout blocks (16 channels per group),
+    one of 4 per group (ours, block-diagonal, between transforms), one of 8 in and 4 out per
+    group that neither takes (TVM's lowering), a depthwise conv (ours, in NCHW between
+    transforms), a clip, a dense layer; and weights given as parameters, bound by optimize."""
     rng = np.random.default_rng(7)
     w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)
     weights = {"w5": w(32, 16, 5, 5), "w3": w(32, 32, 3, 3), "wd": w(32, 32, 3, 3), "wg16": w(32, 16, 3, 3),
-               "wg8": w(32, 8, 1, 1), "wdw": w(32, 1, 3, 3), "fc": w(10, 32)}
+               "wg4": w(32, 4, 3, 3), "wg8": w(16, 8, 1, 1), "wdw": w(16, 1, 3, 3), "fc": w(10, 16)}
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 16, 23, 23), "float32"))
     pv = {k: relax.Var(k, relax.TensorType(v.shape, "float32")) for k, v in weights.items()}
@@ -144,8 +145,9 @@ def test_odd_layers_compile_and_match():
             y = bb.emit(relax.op.nn.conv2d(y, pv["w3"], strides=3, padding=1))
             y = bb.emit(relax.op.nn.conv2d(y, pv["wd"], padding=2, dilation=2))
             y = bb.emit(relax.op.nn.conv2d(y, pv["wg16"], padding=1, groups=2))
+            y = bb.emit(relax.op.nn.conv2d(y, pv["wg4"], padding=1, groups=8))
             y = bb.emit(relax.op.nn.conv2d(y, pv["wg8"], groups=4))
-            y = bb.emit(relax.op.nn.conv2d(y, pv["wdw"], padding=1, groups=32))
+            y = bb.emit(relax.op.nn.conv2d(y, pv["wdw"], padding=1, groups=16))
             y = bb.emit(relax.op.mean(y, axis=[2, 3]))
             out = bb.emit_output(bb.emit(relax.op.matmul(y, relax.op.permute_dims(pv["fc"]))))
         bb.emit_func_output(out)
@@ -154,14 +156,34 @@ def test_odd_layers_compile_and_match():
     opt = mkrelax.optimize(mod, HOST, params=weights, report=report)
     report = convs(report)
     where = [r["runs_on"] for r in report]
-    assert where == ["ours", "ours", "ours", "ours", "tvm", "ours"], report
-    assert "clip" in report[0]["post_ops"]
-    assert "groups=4" in report[4]["reason"] and report[5]["algorithm"] == "depthwise"
+    assert where == ["ours", "ours", "ours", "ours", "ours", "tvm", "ours"], report
+    assert "clip" in report[0]["post_ops"] and report[4]["algorithm"] == "direct"
+    assert "groups=4" in report[5]["reason"] and report[6]["algorithm"] == "depthwise"
     xv = rng.standard_normal((1, 16, 23, 23)).astype(np.float32)
     ex = tvm.compile(mod, target=mkrelax.llvm_target(HOST))
     want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xv),
                                                         *(tvm.runtime.tensor(v) for v in weights.values())).numpy()
     close(run(opt, xv), want)
+
+
+def test_small_resnext_runs_its_narrow_groups_blocked_on_our_kernels():
+    """ResNeXt's 3x3s with 4 and 8 channels per group: ours (block-diagonal), between transforms
+    that cancel against the blocked neighbours', so the network has no more layout transforms
+    than a plain ResNet of whole blocks (the edges' and the stem's); PyTorch agrees."""
+    torch = pytest.importorskip("torch", reason="PyTorch is in the test extra; without it this comparison cannot run")
+    shape = {"stages": ((16, 1), (32, 2)), "stem_width": 16, "image": 32, "classes": 10, "base_width": 16}
+    net = resnet.resnet(groups=4, **shape)
+    assert sorted({c.cin // c.groups for c in net.convs if c.groups > 1}) == [4, 8]
+    params = resnet.random_params(net, seed=4)
+    x = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    report = []
+    opt = mkrelax.optimize(resnet.relax_module(net, params), HOST, report=report, lower=False)
+    assert len(report) == len(net.convs) and all(r["runs_on"] == "ours" for r in report), report
+    baseline = mkrelax.optimize(resnet.relax_module(SMALL, resnet.random_params(SMALL)), HOST, lower=False)
+    assert calls(opt, "relax.layout_transform") == calls(baseline, "relax.layout_transform") == 4
+    with torch.no_grad():
+        want = resnet.torch_module(net, params)(torch.from_numpy(x)).numpy()
+    close(run(lowered(opt), x), want)
 
 
 def test_refusals():

@@ -326,21 +326,31 @@ def _func_name(g: Geometry, plan, post: PostOps) -> str:
 def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report) -> tvm.IRModule:
     swap = _Swap(mod, target, algorithm, threads, fuse, report)
     mod = exprs.mutate(mod, swap, swap.plan)
-    return relax.transform.DeadCodeElimination()(exprs.mutate(mod, _CancelTransforms(mod)))
+    cancel = _CancelTransforms(mod)
+    return relax.transform.DeadCodeElimination()(exprs.mutate(mod, cancel, cancel.prepare))
 
 
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
+_POOLS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d"))
 
 
 def _undoes(outer, inner) -> bool:
     """Whether layout_transform `outer` exactly undoes `inner`: neither pads, and the analyzer
     proves that their composed index maps give back every index of the original shape."""
+    shape = exprs.shape(inner.args[0])
+    return shape is not None and shape == exprs.shape(outer) and _inverse(inner, outer, shape)
+
+
+def _inverse(inner, outer, shape: tuple) -> bool:
+    """Whether `outer`'s index map undoes `inner`'s over every index of `shape` (the shape of
+    whatever `inner` applies to: it may differ from what `inner` was given, in a dimension
+    neither map mixes with another), and neither transform pads."""
     if inner.attrs.pad_value is not None or outer.attrs.pad_value is not None:
         return False
-    shape, between = exprs.shape(inner.args[0]), exprs.shape(inner)
+    given, between = exprs.shape(inner.args[0]), exprs.shape(inner)
     # More elements in between means implicit padding (values left unspecified), which the
     # outer map would write over the round trip's.
-    if shape is None or between is None or shape != exprs.shape(outer) or math.prod(between) != math.prod(shape):
+    if given is None or between is None or math.prod(between) != math.prod(given):
         return False
     there, back = inner.attrs.index_map, outer.attrs.index_map
     if len(there.initial_indices) != len(shape) or len(back.initial_indices) != len(there.final_indices):
@@ -360,11 +370,18 @@ def _undoes(outer, inner) -> bool:
 class _CancelTransforms(PyExprMutator):
     """y = layout_transform(layout_transform(x, there), back) -> y = x. Our NCHW convs (the stem,
     depthwise layers) come wrapped in transforms to and from NCHW16c, and ConvertLayout's blocked
-    neighbours add the opposite ones: these pairs cancel, and the blocked layout runs through."""
+    neighbours add the opposite ones: these pairs cancel, and the blocked layout runs through.
+    A pool between such a pair (ResNet's max pool after its 3-channel stem, which ConvertLayout
+    saw in NCHW) runs in the blocked layout instead: back(pool(there(x))) -> pool(x), NCHW{b}c."""
 
     def __init__(self, mod):
         super().__init__(mod)
         self.transforms: dict = {}  # var -> its layout_transform call (after remapping)
+        self.pools: dict = {}  # var -> its NCHW pool call (after remapping)
+        self.uses: dict = {}
+
+    def prepare(self, func: relax.Function) -> None:
+        self.uses = exprs.uses(func)
 
     def visit_var_binding_(self, binding):
         value = self.visit_expr(binding.value)
@@ -374,8 +391,34 @@ class _CancelTransforms(PyExprMutator):
             if inner is not None and _undoes(value, inner):
                 self.builder_.emit_normalized(relax.VarBinding(binding.var, inner.args[0]))
                 return
+            pooled = self._blocked_pool(src, value)
+            if pooled is not None:
+                self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(pooled)))
+                return
             self.transforms[binding.var] = value
+        elif any(exprs.is_call(value, op) for op in _POOLS) and str(value.attrs.layout) == "NCHW" and \
+                str(value.attrs.out_layout) == "NCHW":
+            self.pools[binding.var] = value
         self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+
+    def _blocked_pool(self, src, back):
+        """pool(x) in x's blocked layout, when `back` re-blocks the output of an NCHW pool
+        (whose only user it is) of `there(x)`, and `back` undoes `there`."""
+        pool = self.pools.get(src)
+        if pool is None or self.uses.get(src, 0) != 1:
+            return None
+        there = self.transforms.get(pool.args[0])
+        x = there.args[0] if there is not None else None
+        shape = exprs.shape(x) if x is not None else None
+        if shape is None or len(shape) != 5 or exprs.shape(back) is None or \
+                exprs.shape(back)[-1] != shape[-1] or not _inverse(there, back, shape):
+            return None
+        a = pool.attrs
+        layout = f"NCHW{shape[-1]}c"
+        op = relax.op.nn.max_pool2d if exprs.is_call(pool, _POOLS[0]) else relax.op.nn.avg_pool2d
+        return op(x, pool_size=a.pool_size, strides=a.strides, padding=a.padding, dilation=a.dilation,
+                  ceil_mode=bool(a.ceil_mode), count_include_pad=bool(a.count_include_pad), layout=layout,
+                  out_layout=layout)
 
 
 def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,

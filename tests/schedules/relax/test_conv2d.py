@@ -105,7 +105,7 @@ def test_fusion_leaves_no_elementwise_op_over_a_conv_output(small):
 
 def test_two_layout_transforms_when_the_first_conv_is_blocked():
     """A model whose input has 16 channels is blocked from its first conv to its last op: one
-    transform in, one out (the 3-channel stem of a ResNet adds its own pair: module doc)."""
+    transform in, one out (a ResNet's 3-channel stem too, its pair cancelling around the max pool)."""
     rng = np.random.default_rng(0)
     w = lambda *s: relax.const((rng.standard_normal(s) * 0.2).astype(np.float32))
     bb = relax.BlockBuilder()
@@ -169,7 +169,7 @@ def test_odd_layers_compile_and_match():
 def test_small_resnext_runs_its_narrow_groups_blocked_on_our_kernels():
     """ResNeXt's 3x3s with 4 and 8 channels per group: ours (block-diagonal), between transforms
     that cancel against the blocked neighbours', so the network has no more layout transforms
-    than a plain ResNet of whole blocks (the edges' and the stem's); PyTorch agrees."""
+    than a plain ResNet of whole blocks (the edges'); PyTorch agrees."""
     torch = pytest.importorskip("torch", reason="PyTorch is in the test extra; without it this comparison cannot run")
     shape = {"stages": ((16, 1), (32, 2)), "stem_width": 16, "image": 32, "classes": 10, "base_width": 16}
     net = resnet.resnet(groups=4, **shape)
@@ -180,10 +180,56 @@ def test_small_resnext_runs_its_narrow_groups_blocked_on_our_kernels():
     opt = mkrelax.optimize(resnet.relax_module(net, params), HOST, report=report, lower=False)
     assert len(report) == len(net.convs) and all(r["runs_on"] == "ours" for r in report), report
     baseline = mkrelax.optimize(resnet.relax_module(SMALL, resnet.random_params(SMALL)), HOST, lower=False)
-    assert calls(opt, "relax.layout_transform") == calls(baseline, "relax.layout_transform") == 4
+    # The input's and the output's: the stem's own pair cancels around the blocked max pool.
+    assert calls(opt, "relax.layout_transform") == calls(baseline, "relax.layout_transform") == 2
     with torch.no_grad():
         want = resnet.torch_module(net, params)(torch.from_numpy(x)).numpy()
     close(run(lowered(opt), x), want)
+
+
+def _stem_pool_conv(pool, second_user=False):
+    """A 3-channel stem conv (NCHW, ours between transforms), a pool, a 32-channel conv: the
+    stem of a ResNet. second_user: the pool's output also leaves the model."""
+    rng = np.random.default_rng(9)
+    w = lambda *s: relax.const((rng.standard_normal(s) * 0.3).astype(np.float32))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 20, 20), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, w(32, 3, 3, 3), strides=2, padding=1))))
+            p = bb.emit(pool(y, pool_size=3, strides=2, padding=1))
+            z = bb.emit(relax.op.nn.conv2d(p, w(32, 32, 1, 1)))
+            out = bb.emit_output(relax.Tuple([z, p]) if second_user else z)
+        bb.emit_func_output(out)
+    return bb.get(), rng.standard_normal((1, 3, 20, 20)).astype(np.float32)
+
+
+@pytest.mark.parametrize("pool", [relax.op.nn.max_pool2d, relax.op.nn.avg_pool2d], ids=["max", "avg"])
+def test_a_pool_between_the_stem_and_a_blocked_conv_runs_blocked(pool):
+    mod, xv = _stem_pool_conv(pool)
+    opt = mkrelax.optimize(mod, HOST, lower=False)
+    (call,) = [c for c in _calls(opt["main"]) if c.op.name == f"relax.nn.{pool.__name__}"]
+    assert str(call.attrs.layout) == "NCHW16c" and str(call.attrs.out_layout) == "NCHW16c"
+    assert calls(opt, "relax.layout_transform") == 2  # the input's and the output's only
+    close(run(lowered(opt), xv), run(mod, xv))
+
+
+def test_a_pool_whose_output_is_read_elsewhere_stays_nchw():
+    mod, xv = _stem_pool_conv(relax.op.nn.max_pool2d, second_user=True)
+    opt = mkrelax.optimize(mod, HOST, lower=False)
+    (call,) = [c for c in _calls(opt["main"]) if c.op.name == "relax.nn.max_pool2d"]
+    assert str(call.attrs.layout) == "NCHW"
+    vm = relax.VirtualMachine(tvm.compile(lowered(opt), target=mkrelax.llvm_target(HOST)), tvm.cpu())
+    ref = relax.VirtualMachine(tvm.compile(mod, target=mkrelax.llvm_target(HOST)), tvm.cpu())
+    for got, want in zip(vm["main"](tvm.runtime.tensor(xv)), ref["main"](tvm.runtime.tensor(xv))):
+        close(got.numpy(), want.numpy())
+
+
+def _calls(func) -> list:
+    found = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call)
+                                    and isinstance(e.op, tvm.ir.Op) else None)
+    return found
 
 
 def test_refusals():

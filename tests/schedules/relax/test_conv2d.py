@@ -208,7 +208,7 @@ def _stem_pool_conv(pool, second_user=False):
 def test_a_pool_between_the_stem_and_a_blocked_conv_runs_blocked(pool):
     mod, xv = _stem_pool_conv(pool)
     opt = mkrelax.optimize(mod, HOST, lower=False)
-    (call,) = [c for c in _calls(opt["main"]) if c.op.name == f"relax.nn.{pool.__name__}"]
+    (call,) = [c for c in op_calls(opt["main"]) if c.op.name == f"relax.nn.{pool.__name__}"]
     assert str(call.attrs.layout) == "NCHW16c" and str(call.attrs.out_layout) == "NCHW16c"
     assert calls(opt, "relax.layout_transform") == 2  # the input's and the output's only
     close(run(lowered(opt), xv), run(mod, xv))
@@ -217,7 +217,7 @@ def test_a_pool_between_the_stem_and_a_blocked_conv_runs_blocked(pool):
 def test_a_pool_whose_output_is_read_elsewhere_stays_nchw():
     mod, xv = _stem_pool_conv(relax.op.nn.max_pool2d, second_user=True)
     opt = mkrelax.optimize(mod, HOST, lower=False)
-    (call,) = [c for c in _calls(opt["main"]) if c.op.name == "relax.nn.max_pool2d"]
+    (call,) = [c for c in op_calls(opt["main"]) if c.op.name == "relax.nn.max_pool2d"]
     assert str(call.attrs.layout) == "NCHW"
     vm = relax.VirtualMachine(tvm.compile(lowered(opt), target=mkrelax.llvm_target(HOST)), tvm.cpu())
     ref = relax.VirtualMachine(tvm.compile(mod, target=mkrelax.llvm_target(HOST)), tvm.cpu())
@@ -225,7 +225,7 @@ def test_a_pool_whose_output_is_read_elsewhere_stays_nchw():
         close(got.numpy(), want.numpy())
 
 
-def _calls(func) -> list:
+def op_calls(func) -> list:
     found = []
     relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call)
                                     and isinstance(e.op, tvm.ir.Op) else None)

@@ -18,7 +18,7 @@ from tvm import relax
 
 from schedules import relax as mkrelax
 
-from .test_conv2d import HOST, call_tirs
+from .test_conv2d import HOST, call_tirs, op_calls
 
 TARGET = mkrelax.llvm_target(HOST)
 
@@ -179,7 +179,7 @@ def test_optimize_lowers_the_rest_unless_asked_not_to(lower):
     report = []
     opt = mkrelax.optimize(mod, HOST, params={"p0": w}, report=report, lower=lower)
     rest = [r for r in report if r["op"] != "conv2d"]
-    ops = {c.op.name for c in _calls(opt["main"])}
+    ops = {c.op.name for c in op_calls(opt["main"])}
     if lower:
         assert rest and all(r["runs_on"] in ("ours", "view") for r in rest), report
         assert ops == {"relax.call_tir"}, ops
@@ -189,9 +189,3 @@ def test_optimize_lowers_the_rest_unless_asked_not_to(lower):
     got = run(opt, xv)
     np.testing.assert_allclose(got, run(mod, xv, w), rtol=1e-5, atol=1e-5)
 
-
-def _calls(func):
-    found = []
-    relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call)
-                                    and isinstance(e.op, tvm.ir.Op) else None)
-    return found

@@ -30,7 +30,9 @@ function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies not
     groups narrower than a block that tile it (ResNeXt's 4 or 8 channels per group: block-
     diagonal weights), none of which ConvertLayout blocks: ours, between layout transforms of
     its own, weights packed here; a last step cancels each transform pair that undoes itself,
-    so such a layer between blocked neighbours runs blocked with no transform at all;
+    so such a layer between blocked neighbours runs blocked with no transform at all, and a
+    layer whose channels are not whole blocks (MobileNetV2's 24) hands its padded blocked
+    output to the next of ours directly when the padding lanes hold zeros;
   - anything else (other grouped convs whose groups are not whole 16-channel blocks,
     non-float32, weights that are not constants on the NCHW path): TVM's default lowering.
 """
@@ -215,6 +217,10 @@ class _Swap(PyExprMutator):
         self.ends: dict = {}  # chain-end var -> _Conv
         self.kept: dict = {}  # var of a conv left to TVM -> why
         self.skip: set = set()
+        # NCHW var -> (our blocked output it was unblocked from, block, channels), where that
+        # output's padding lanes are zeros: blocking the var again is that output itself.
+        self.blocked: dict = {}
+        self._last_blocked = None
 
     def plan(self, func: relax.Function) -> None:
         uses = exprs.uses(func)
@@ -253,7 +259,10 @@ class _Swap(PyExprMutator):
         conv = self.ends.get(binding.var)
         if conv is None:
             return super().visit_var_binding_(binding)
+        self._last_blocked = None
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(self._lower(conv))))
+        if self._last_blocked is not None:
+            self.blocked[binding.var] = self._last_blocked
 
     def _schedule(self, conv: _Conv, algorithm: str):
         a = conv.call.attrs
@@ -298,12 +307,19 @@ class _Swap(PyExprMutator):
             return out
         y = self.builder_.emit(out)
         _n, ob, _oh, _ow, bo = op.blocked_out_shape
+        # Padded output channels have zero weights and bias (and a zero-padded residual): they
+        # hold act(0), zero unless a clip's range excludes 0.
+        lo, hi = s.post.clip if s.post.activation == "clip" else (0.0, 0.0)
+        if ob * bo == g.o or lo <= 0.0 <= hi:
+            self._last_blocked = (y, bo, g.o)
         y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * bo + i, h, w))
         if ob * bo != g.o:
             y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[g.o])
         return y
 
     def _to_blocked(self, x, block: int, channels: int):
+        if self.blocked.get(x, (None,))[1:] == (block, channels):
+            return self.blocked[x][0]  # the 24-channel maps of MobileNetV2 stay blocked, padded
         pad = None if channels % block == 0 else 0.0
         return self.builder_.emit(relax.op.layout_transform(
             x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block), pad_value=pad))

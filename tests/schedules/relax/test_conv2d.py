@@ -232,6 +232,26 @@ def op_calls(func) -> list:
     return found
 
 
+@pytest.mark.parametrize("clip, transforms", [((0.0, 6.0), 2), ((1.0, 6.0), 4)], ids=["act0_zero", "act0_one"])
+def test_a_24_channel_layer_hands_its_padded_blocked_output_on_when_the_pad_lanes_are_zero(clip, transforms):
+    """24 = 1.5 blocks: our conv's padded lanes hold clip(0), so the next conv reads the blocked
+    output itself only where that is 0; clip(1, 6) puts 1 there and keeps the slice and re-pad."""
+    rng = np.random.default_rng(10)
+    w = lambda *s: relax.const((rng.standard_normal(s) * 0.3).astype(np.float32))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 9, 9), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.clip(bb.emit(relax.op.nn.conv2d(x, w(24, 16, 1, 1))), *clip))
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(y, w(16, 24, 3, 3), padding=1)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    opt = mkrelax.optimize(mod, HOST, lower=False)
+    assert calls(opt, "relax.layout_transform") == transforms
+    xv = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+    close(run(lowered(opt), xv), run(mod, xv))
+
+
 def test_refusals():
     with pytest.raises(ValueError, match="x86 float32"):
         mkrelax.optimize_pass("armv7-neon")
@@ -312,8 +332,10 @@ def test_small_mobilenet_v2_matches_pytorch():
     assert len(report) == len(net.convs) and all(r["runs_on"] == "ours" for r in report), report
     assert sum(r["algorithm"] == "depthwise" for r in report) == len(net.blocks)
     # 24-channel layers are not blocked by ConvertLayout (24 is not whole blocks): they run on
-    # ours between transforms that pad and slice, which do not cancel; the rest run blocked.
+    # ours, whose padded lanes are zeros (zero weights and bias, act(0) = 0), so the next layer
+    # reads the padded blocked output itself: no transform but the model's edges.
     assert calls(opt, "relax.nn.conv2d") == 0 and calls(opt, "relax.clip") == 0
+    assert calls(opt, "relax.layout_transform") == 2 and calls(opt, "relax.strided_slice") == 0
     with torch.no_grad():
         want = mobilenet.torch_module(net, params)(torch.from_numpy(x)).numpy()
     close(run(lowered(opt), x), want)

@@ -313,6 +313,7 @@ def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True
                     row["ours_over_torch"] = ms["ours"] / ms["PyTorch"]
                     line += f" {row['ours_over_torch']:>8.2f} {ms['unfused'] - ms['ours']:>10.2f}ms"
                 log(line)
+                time.sleep(PAUSE)  # the last engine's idle workers spin, as between turns
                 _log_breakdown(profile(c.ours, c.x), row, log)
                 if c.batch > 1:
                     row["images_per_s"] = {n: c.batch / v * 1e3 for n, v in ms.items()}

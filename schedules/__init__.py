@@ -10,7 +10,7 @@ import sys
 from .common import compiled, layouts, targets
 from .common.layouts import aligned_empty
 from .common.targets import PRESETS, UnsupportedHostError, resolve
-from .conv import BoundConv2d, Conv2dOp, ConvBlocking, ConvParams, PostOps, conv2d
+from .conv import BoundConv2d, Conv2dOp, ConvBlocking, ConvParams, PostOps, conv2d, inverted_residual
 from .conv import depthwise, winograd
 from .conv import int8_arm as conv2d_int8
 from .emulation import bochs
@@ -26,5 +26,5 @@ for _name, _module in {"targets": targets, "layouts": layouts, "compiled": compi
     sys.modules[f"{__name__}.{_name}"] = _module
 del _name, _module
 
-__all__ = ["aligned_empty", "Blocking", "BoundConv2d", "Conv2dOp", "ConvBlocking", "ConvParams", "conv2d", "layouts",
-           "MatmulOp", "PostOps", "PRESETS", "UnsupportedHostError", "matmul", "resolve"]
+__all__ = ["aligned_empty", "Blocking", "BoundConv2d", "Conv2dOp", "ConvBlocking", "ConvParams", "conv2d",
+           "inverted_residual", "layouts", "MatmulOp", "PostOps", "PRESETS", "UnsupportedHostError", "matmul", "resolve"]

@@ -19,7 +19,7 @@ ALLOWED = {
 }
 # `python -m microkernels` is the command line, which sits on top of everything.
 ENTRY_POINTS = {"microkernels.__main__"}
-FAMILIES = {f"schedules.conv.{f}" for f in ("direct", "grouped", "winograd", "depthwise", "int8_arm")}
+FAMILIES = {f"schedules.conv.{f}" for f in ("direct", "grouped", "winograd", "depthwise", "int8_arm", "inverted")}
 MAX_PARAMETERS = 10
 
 

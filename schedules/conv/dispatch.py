@@ -5,6 +5,8 @@ Order of choice on x86 (float32): Winograd where `algorithm` asks for it (or "au
 measured faster: winograd.choose), else depthwise (one input channel per group), else the
 direct conv, on wider groups with block-diagonal weights where the layer's groups are
 narrower than a block (grouped). The ARM targets run the quantized spatial pack (int8_arm).
+Two layers fused, MobileNet's 1x1 expand and the depthwise conv after it: inverted
+(inverted_residual, and schedule_inverted for the Relax pass).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
 from ..common.targets import check_emulate, dtype_name, positive_int, resolve, thread_count
-from . import depthwise, direct, grouped, int8_arm, winograd
+from . import depthwise, direct, grouped, int8_arm, inverted, winograd
 from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
 from .op import Conv2dOp, Scheduled
 
@@ -133,3 +135,18 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
         return Scheduled(cls, wide, isa, mod, plan, post_ops, threads, emulate)
     mod, plan = direct.schedule(g, isa, mr, post_ops, blocking, pool, reason)
     return Scheduled(Conv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
+
+
+def schedule_inverted(data_shape, expand_weight_shape, dw_weight_shape, stride=1, expand_post: PostOps = NO_POST_OPS,
+                      dw_post: PostOps = NO_POST_OPS, target="native"):
+    """The fused expand 1x1 + depthwise block's (Layer, isa, tensorized module, plan), not
+    compiled (the Relax pass compiles the whole model); inverted_residual compiles an op."""
+    lay = inverted.layer(data_shape, expand_weight_shape, dw_weight_shape, stride, expand_post, dw_post)
+    isa = resolve(target)
+    if isa.arch != "x86":
+        raise ValueError(f"the fused inverted residual block is an x86 float32 op, not {isa.name}")
+    mod, plan = inverted.schedule(lay, isa)
+    return lay, isa, mod, plan
+
+
+inverted_residual = inverted.inverted_residual

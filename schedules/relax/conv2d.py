@@ -53,7 +53,7 @@ from tvm.sym import Analyzer
 from microkernels import DEFAULT_TILES
 
 from ..common.targets import resolve, thread_count
-from ..conv import ConvParams, Geometry, PostOps, schedule
+from ..conv import ConvParams, Geometry, PostOps, schedule, schedule_inverted
 from ..conv.geometry import block_diagonal, depthwise
 from . import exprs
 from .batchnorm import fold_batch_norm
@@ -221,6 +221,8 @@ class _Swap(PyExprMutator):
         # output's padding lanes are zeros: blocking the var again is that output itself.
         self.blocked: dict = {}
         self._last_blocked = None
+        self.expands: dict = {}  # a depthwise conv's chain-end var -> the expand _Conv fused into it
+        self._lowering = None  # the var whose chain _lower is lowering
 
     def plan(self, func: relax.Function) -> None:
         uses = exprs.uses(func)
@@ -240,6 +242,26 @@ class _Swap(PyExprMutator):
                 end = _fuse_chain(conv, b.var, users, uses, self.block, claimed) if self.fuse else b.var
                 self.skip.update(conv.skipped)
                 self.ends[end] = conv
+            if self.fuse:
+                self._pair_expands(blk, uses)
+
+    def _pair_expands(self, blk, uses: dict) -> None:
+        """MobileNet's 1x1 expand conv (+ bias, activation) and the depthwise conv that alone
+        reads its output (directly, or through ConvertLayout's unblock of it) run as one fused
+        operator (conv.inverted): the expanded map never goes to memory."""
+        values = {b.var: b.value for b in blk.bindings}
+        for end, dw in list(self.ends.items()):
+            if not _fusable_depthwise(dw):
+                continue
+            src, mid = dw.call.args[0], None
+            if src not in self.ends and exprs.is_call(values.get(src), _LAYOUT_TRANSFORM) and uses.get(src, 0) == 1:
+                src, mid = values[src].args[0], src
+            ex = self.ends.get(src)
+            if ex is None or uses.get(src, 0) != 1 or not _fusable_expand(ex, dw):
+                continue
+            del self.ends[src]
+            self.skip.update({src} | ({mid} if mid is not None else set()))
+            self.expands[end] = ex
 
     def _log(self, call, where: str, why: str, algorithm: str | None = None, post: PostOps | None = None) -> None:
         a = call.attrs
@@ -260,6 +282,7 @@ class _Swap(PyExprMutator):
         if conv is None:
             return super().visit_var_binding_(binding)
         self._last_blocked = None
+        self._lowering = binding.var
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(self._lower(conv))))
         if self._last_blocked is not None:
             self.blocked[binding.var] = self._last_blocked
@@ -272,6 +295,9 @@ class _Swap(PyExprMutator):
         return schedule(params, post_ops=post, target=self.target, algorithm=algorithm, threads=self.threads)
 
     def _lower(self, conv: _Conv) -> relax.Expr:
+        ex = self.expands.get(self._lowering)
+        if ex is not None:
+            return self._lower_inverted(ex, conv)
         data, weight = (self.visit_expr(x) for x in conv.call.args)
         w_const = exprs.const(weight)
         algorithm = self.algorithm if w_const is not None else "direct"  # Winograd needs constant weights
@@ -317,12 +343,71 @@ class _Swap(PyExprMutator):
             y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[g.o])
         return y
 
+    def _lower_inverted(self, ex: _Conv, dw: _Conv) -> relax.Expr:
+        """The expand conv `ex` and the depthwise conv `dw` as one call of the fused block."""
+        data, we = (self.visit_expr(x) for x in ex.call.args)
+        wd = exprs.const(self.visit_expr(dw.call.args[1]))
+        post_e = PostOps(ex.bias is not None, False, ex.activation, ex.clip)
+        post_d = PostOps(dw.bias is not None, False, dw.activation, dw.clip)
+        lay, _, mod, plan = schedule_inverted(ex.data_shape, ex.weight_shape, dw.weight_shape,
+                                              int(dw.call.attrs.strides[0]), post_e, post_d, self.target)
+        w_exp = exprs.const(we)
+        packed = lay.pack_weights(_unblock_weights(w_exp, lay.expand) if ex.blocked else w_exp, wd)
+        args = [data if ex.blocked else self._to_blocked(data, BLOCK_CHANNELS, lay.expand.c)]
+        args += [relax.const(w) for w in packed]
+        args += [relax.const(b) for b in lay.pack_bias(ex.bias, dw.bias) if b is not None]
+        key = ("inverted", lay)
+        gv = self.funcs.get(key)
+        if gv is None:
+            g, d = lay.expand, lay.dw
+            name = (f"mk_conv2d_inverted_n{g.n}c{g.c}h{g.h}w{g.w}_e{g.o}k{d.kh}x{d.kw}s{d.stride[0]}"
+                    f"{'_' + post_e.label.replace('+', '_') if post_e.label else ''}"
+                    f"_dw{'_' + post_d.label.replace('+', '_') if post_d.label else ''}")
+            gv = self.builder_.add_func(mod["main"].with_attr("global_symbol", name), name)
+            self.funcs[key] = gv
+        why = f"inverted: fused with the {{}} ({plan.band_rows}-row bands, the expanded map stays in L1)"
+        self._log(ex.call, "ours", why.format("depthwise conv after it"), "inverted", post_e)
+        self._log(dw.call, "ours", why.format("1x1 expand conv before it"), "inverted", post_d)
+        y = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(lay.shapes()["out"], "float32")))
+        e = lay.expand.o
+        lo, hi = post_d.clip if post_d.activation == "clip" else (0.0, 0.0)
+        if e % BLOCK_CHANNELS == 0 or lo <= 0.0 <= hi:
+            self._last_blocked = (y, BLOCK_CHANNELS, e)
+        y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * BLOCK_CHANNELS + i, h, w))
+        if e % BLOCK_CHANNELS:
+            y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[e])
+        return y
+
     def _to_blocked(self, x, block: int, channels: int):
         if self.blocked.get(x, (None,))[1:] == (block, channels):
             return self.blocked[x][0]  # the 24-channel maps of MobileNetV2 stay blocked, padded
         pad = None if channels % block == 0 else 0.0
         return self.builder_.emit(relax.op.layout_transform(
             x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block), pad_value=pad))
+
+
+BLOCK_CHANNELS = 16  # the fused block's channel block (its depthwise kernel's lanes), on both ISAs
+
+
+def _fusable_depthwise(dw: _Conv) -> bool:
+    """A depthwise conv the fused block takes: NCHW (ConvertLayout leaves these so), multiplier
+    1, K = 3 or 5 square, padding K // 2, the same stride 1 or 2 both ways, no dilation."""
+    a = dw.call.attrs
+    o, one, kh, kw = dw.weight_shape
+    strides = [int(v) for v in a.strides]
+    return (dw.depthwise and not dw.blocked and one == 1 and o == dw.data_shape[1] and kh == kw and kh in (3, 5)
+            and [int(p) for p in a.padding] == [kh // 2] * 4 and [int(d) for d in a.dilation] == [1, 1]
+            and strides[0] == strides[1] and strides[0] in (1, 2) and dw.residual is None)
+
+
+def _fusable_expand(ex: _Conv, dw: _Conv) -> bool:
+    """A 1x1, stride-1, unpadded, ungrouped conv with constant weights whose output is the
+    depthwise conv's input, with a bias and an activation at most."""
+    a = ex.call.attrs
+    return (ex.weight_shape[2:] == (1, 1) and int(a.groups) == 1 and [int(v) for v in a.strides] == [1, 1]
+            and [int(p) for p in a.padding] == [0, 0, 0, 0] and [int(d) for d in a.dilation] == [1, 1]
+            and ex.residual is None and ex.weight_shape[0] == dw.data_shape[1]
+            and exprs.const(ex.call.args[1]) is not None)
 
 
 def _unblock_weights(w: np.ndarray, g: Geometry) -> np.ndarray:

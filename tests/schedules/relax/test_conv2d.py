@@ -289,32 +289,36 @@ def test_resnet50_matches_pytorch():
     close(got, want)
 
 
-def test_inverted_residual_block_runs_blocked_end_to_end():
+@pytest.mark.parametrize("c, stride", [(16, 1), (24, 2)], ids=["blocked_expand_s1", "nchw_expand_s2"])
+def test_inverted_residual_block_runs_blocked_end_to_end(c, stride):
     """MobileNetV2's block: 1x1 expand + ReLU6, 3x3 depthwise + ReLU6, 1x1 project, residual
-    add. ConvertLayout leaves the depthwise conv in NCHW; ours wraps it in its own transforms,
-    which cancel against the blocked neighbours': two transforms in the whole model, every conv
-    ours, bias and clips fused."""
+    add (stride 1). The expand and the depthwise conv run as one fused call (the depthwise conv,
+    which ConvertLayout leaves in NCHW, between transforms of its own that cancel against the
+    blocked neighbours'): two transforms in the whole model, every conv ours, bias and clips
+    fused. 24 channels: the expand is an NCHW conv too, its input padded to blocks."""
     rng = np.random.default_rng(5)
     w = lambda *s: relax.const((rng.standard_normal(s) * 0.3).astype(np.float32))
+    e_ch = 6 * c
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 16, 14, 14), "float32"))
+    x = relax.Var("x", relax.TensorType((1, c, 14, 14), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            e = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w(96, 16, 1, 1))), w(1, 96, 1, 1)))
+            e = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w(e_ch, c, 1, 1))), w(1, e_ch, 1, 1)))
             e = bb.emit(relax.op.clip(e, 0.0, 6.0))
-            d = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(e, w(96, 1, 3, 3), padding=1, groups=96)), w(1, 96, 1, 1)))
-            d = bb.emit(relax.op.clip(d, 0.0, 6.0))
-            p = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(d, w(16, 96, 1, 1))), w(1, 16, 1, 1)))
-            out = bb.emit_output(bb.emit(relax.op.add(p, x)))
+            d = bb.emit(relax.op.nn.conv2d(e, w(e_ch, 1, 3, 3), strides=stride, padding=1, groups=e_ch))
+            d = bb.emit(relax.op.clip(bb.emit(relax.op.add(d, w(1, e_ch, 1, 1))), 0.0, 6.0))
+            p = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(d, w(c, e_ch, 1, 1))), w(1, c, 1, 1)))
+            out = bb.emit_output(bb.emit(relax.op.add(p, x)) if stride == 1 else p)
         bb.emit_func_output(out)
     mod = bb.get()
     report = []
     opt = mkrelax.optimize(mod, HOST, report=report, lower=False)
     assert [r["runs_on"] for r in report] == ["ours"] * 3, report
-    assert report[1]["algorithm"] == "depthwise" and report[1]["post_ops"] == "bias+clip"
+    assert [(r["algorithm"], r["post_ops"]) for r in report[:2]] == [("inverted", "bias+clip")] * 2, report
+    assert sum(n.startswith("mk_conv2d_inverted") for n in call_tirs(opt)) == 1
     assert calls(opt, "relax.layout_transform") == 2 and calls(opt, "relax.nn.conv2d") == 0
     assert calls(opt, "relax.add") == 0 and calls(opt, "relax.maximum") == 0
-    xv = rng.standard_normal((1, 16, 14, 14)).astype(np.float32)
+    xv = rng.standard_normal((1, c, 14, 14)).astype(np.float32)
     close(run(lowered(opt), xv), run(mod, xv))
 
 
@@ -330,7 +334,10 @@ def test_small_mobilenet_v2_matches_pytorch():
     report = []
     opt = mkrelax.optimize(mobilenet.relax_module(net, params), HOST, report=report, lower=False)
     assert len(report) == len(net.convs) and all(r["runs_on"] == "ours" for r in report), report
-    assert sum(r["algorithm"] == "depthwise" for r in report) == len(net.blocks)
+    # Every depthwise conv after an expand runs fused with it; the first block has none.
+    expanding = sum(len(b.convs) == 3 for b in net.blocks)
+    assert sum(r["algorithm"] == "inverted" for r in report) == 2 * expanding
+    assert sum(r["algorithm"] == "depthwise" for r in report) == len(net.blocks) - expanding
     # 24-channel layers are not blocked by ConvertLayout (24 is not whole blocks): they run on
     # ours, whose padded lanes are zeros (zero weights and bias, act(0) = 0), so the next layer
     # reads the padded blocked output itself: no transform but the model's edges.

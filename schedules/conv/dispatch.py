@@ -150,3 +150,4 @@ def schedule_inverted(data_shape, expand_weight_shape, dw_weight_shape, stride=1
 
 
 inverted_residual = inverted.inverted_residual
+inverted_pays = inverted.pays

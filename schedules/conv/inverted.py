@@ -164,6 +164,17 @@ def layer(data_shape, expand_weight_shape, dw_weight_shape, stride=1, expand_pos
     return Layer(Geometry.of(expand), Geometry.of(dw), expand_post, dw_post)
 
 
+def pays(data_shape, expanded_channels: int, blocking: ConvBlocking = DEFAULT_BLOCKING) -> bool:
+    """Whether fusing beats the two convs: when the expanded map would not stay in L2 between
+    them (more than half of it). Below that the unfused pair keeps the map in L2 anyway and its
+    expand runs on the direct conv's two-block tiles, which short rows need. Measured on the
+    Zen 5 host (1 MiB L2), one thread, MobileNetV2's pairs, fused over unfused: 96x112x112 0.75,
+    144x56x56 0.83 and 0.77, 192x28x28 (588 KiB) 0.79 to 0.87; 384x14x14 (294 KiB) 1.07,
+    576x14x14 1.05 and 1.08, 960x7x7 1.18."""
+    n, _, h, w = data_shape
+    return n * expanded_channels * h * w * 4 > blocking.l2 // 2
+
+
 def band_budget(blocking: ConvBlocking) -> int:
     """Bytes P may take: half of L1d (so the expand's stores and the depthwise's loads of P stay
     in L1, the input rows streaming beside it), and no more than a sixteenth of L2 (what a

@@ -53,7 +53,7 @@ from tvm.sym import Analyzer
 from microkernels import DEFAULT_TILES
 
 from ..common.targets import resolve, thread_count
-from ..conv import ConvParams, Geometry, PostOps, schedule, schedule_inverted
+from ..conv import ConvParams, Geometry, PostOps, inverted_pays, schedule, schedule_inverted
 from ..conv.geometry import block_diagonal, depthwise
 from . import exprs
 from .batchnorm import fold_batch_norm
@@ -257,7 +257,8 @@ class _Swap(PyExprMutator):
             if src not in self.ends and exprs.is_call(values.get(src), _LAYOUT_TRANSFORM) and uses.get(src, 0) == 1:
                 src, mid = values[src].args[0], src
             ex = self.ends.get(src)
-            if ex is None or uses.get(src, 0) != 1 or not _fusable_expand(ex, dw):
+            if ex is None or uses.get(src, 0) != 1 or not _fusable_expand(ex, dw) or \
+                    not inverted_pays(ex.data_shape, ex.weight_shape[0]):
                 continue
             del self.ends[src]
             self.skip.update({src} | ({mid} if mid is not None else set()))

@@ -148,3 +148,15 @@ def test_a_call_must_pass_the_biases_it_was_built_for():
         op.pack_bias(None, None)
     with pytest.raises(ValueError, match="without dw_bias"):
         op.pack_bias(b, b)
+
+
+def test_fusing_pays_only_where_the_expanded_map_would_leave_l2():
+    """inverted_pays: more than half of L2 for the expanded map (n * E * H * W floats)."""
+    from schedules.conv import inverted_pays
+
+    l2 = ConvBlocking(l2_bytes=1 << 20)
+    assert inverted_pays((1, 16, 112, 112), 96, l2)  # 4.6 MiB: MobileNetV2's first expand
+    assert inverted_pays((1, 32, 28, 28), 192, l2)  # 588 KiB
+    assert not inverted_pays((1, 64, 14, 14), 384, l2)  # 294 KiB
+    assert not inverted_pays((1, 16, 16, 32), 256, l2)  # exactly half: 512 KiB
+    assert inverted_pays((2, 16, 16, 32), 256, l2)  # a batch of two doubles it

@@ -79,6 +79,22 @@ def pack_weights(w: np.ndarray, in_block: int, out_block: int, groups: int = 1) 
     return aligned(t.reshape(groups * ob, ib, kh, kw, in_block, out_block))
 
 
+def pack_depthwise_weights(w: np.ndarray, block: int) -> np.ndarray:
+    """OIHW (O, 1, KH, KW) -> (OB, KH, KW, block): the channels in the lanes, zero-padded."""
+    o, _, kh, kw = w.shape
+    ob = ceil_div(o, block)
+    full = np.zeros((ob * block, kh, kw), w.dtype)
+    full[:o] = w[:, 0]
+    return aligned(full.reshape(ob, block, kh, kw).transpose(0, 2, 3, 1))
+
+
+def pack_channels(v: np.ndarray, block: int) -> np.ndarray:
+    """(C,) -> (CB, block), zero-padded: a per-channel vector (a bias) in blocks of lanes."""
+    full = np.zeros(ceil_div(v.shape[0], block) * block, v.dtype)
+    full[:v.shape[0]] = v
+    return aligned(full.reshape(-1, block))
+
+
 # Compiled twins of the transforms above, for ops called on NCHW arrays (Conv2dOp.__call__ and
 # bind): numpy's strided copies cost more than some layers' convolution. Each is TIR whose outer
 # axes are fused and parallel and whose innermost axis, the lanes of a block, is unrolled:

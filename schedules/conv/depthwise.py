@@ -134,17 +134,11 @@ class DepthwiseConv2dOp(Conv2dOp):
         """OIHW (O, 1, KH, KW) -> (OB, KH, KW, 16), output channels zero-padded to blocks."""
         g = self.geometry
         check_array("weight", weight, (g.o, 1, g.kh, g.kw), "float32")
-        ob = self.blocked_weight_shape[0]
-        full = np.zeros((ob * BLOCK, g.kh, g.kw), np.float32)
-        full[:g.o] = weight[:, 0]
-        return layouts.aligned(full.reshape(ob, BLOCK, g.kh, g.kw).transpose(0, 2, 3, 1))
+        return layouts.pack_depthwise_weights(weight, BLOCK)
 
     def pack_bias(self, bias: np.ndarray) -> np.ndarray:
-        g = self.geometry
-        check_array("bias", bias, (g.o,), "float32")
-        full = np.zeros(self.bias_shape[0] * BLOCK, np.float32)
-        full[:g.o] = bias
-        return layouts.aligned(full.reshape(self.bias_shape))
+        check_array("bias", bias, (self.geometry.o,), "float32")
+        return layouts.pack_channels(bias, BLOCK)
 
 
 def schedule(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threads: int,

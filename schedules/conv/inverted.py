@@ -115,10 +115,7 @@ class Layer:
         g, d = self.expand, self.dw
         check_array("expand_weight", expand_weight, (g.o, g.c, 1, 1), "float32")
         check_array("dw_weight", dw_weight, (d.o, 1, d.kh, d.kw), "float32")
-        full = np.zeros((self.eb * BLOCK, d.kh, d.kw), np.float32)
-        full[:d.o] = dw_weight[:, 0]
-        dw = layouts.aligned(full.reshape(self.eb, BLOCK, d.kh, d.kw).transpose(0, 2, 3, 1))
-        return layouts.pack_weights(expand_weight, BLOCK, BLOCK), dw
+        return layouts.pack_weights(expand_weight, BLOCK, BLOCK), layouts.pack_depthwise_weights(dw_weight, BLOCK)
 
     def pack_bias(self, expand_bias=None, dw_bias=None) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(E,) each -> (EB, 16), zero-padded; None where the stage was built without a bias."""
@@ -129,9 +126,7 @@ class Layer:
                 out.append(None)
                 continue
             check_array(label, b, (self.expand.o,), "float32")
-            full = np.zeros(self.eb * BLOCK, np.float32)
-            full[:b.shape[0]] = b
-            out.append(layouts.aligned(full.reshape(self.eb, BLOCK)))
+            out.append(layouts.pack_channels(b, BLOCK))
         return out[0], out[1]
 
 

@@ -220,9 +220,7 @@ class _Swap(PyExprMutator):
         # NCHW var -> (our blocked output it was unblocked from, block, channels), where that
         # output's padding lanes are zeros: blocking the var again is that output itself.
         self.blocked: dict = {}
-        self._last_blocked = None
         self.expands: dict = {}  # a depthwise conv's chain-end var -> the expand _Conv fused into it
-        self._lowering = None  # the var whose chain _lower is lowering
 
     def plan(self, func: relax.Function) -> None:
         uses = exprs.uses(func)
@@ -266,8 +264,8 @@ class _Swap(PyExprMutator):
 
     def _log(self, call, where: str, why: str, algorithm: str | None = None, post: PostOps | None = None) -> None:
         a = call.attrs
-        entry = {"op": "conv2d", "data": exprs.shape(call.args[0]), "weight": exprs.shape(call.args[1]), "stride": [int(s) for s in a.strides],
-                 "groups": int(a.groups), "runs_on": where, "reason": why}
+        entry = {"op": "conv2d", "data": exprs.shape(call.args[0]), "weight": exprs.shape(call.args[1]),
+                 "stride": [int(s) for s in a.strides], "groups": int(a.groups), "runs_on": where, "reason": why}
         if algorithm:
             entry["algorithm"], entry["post_ops"] = algorithm, post.label
         self.report.append(entry)
@@ -282,11 +280,9 @@ class _Swap(PyExprMutator):
         conv = self.ends.get(binding.var)
         if conv is None:
             return super().visit_var_binding_(binding)
-        self._last_blocked = None
-        self._lowering = binding.var
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(self._lower(conv))))
-        if self._last_blocked is not None:
-            self.blocked[binding.var] = self._last_blocked
+        ex = self.expands.get(binding.var)
+        value = self._lower_inverted(ex, conv, binding.var) if ex is not None else self._lower(conv, binding.var)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
 
     def _schedule(self, conv: _Conv, algorithm: str):
         a = conv.call.attrs
@@ -295,10 +291,8 @@ class _Swap(PyExprMutator):
         post = PostOps(conv.bias is not None, conv.residual is not None, conv.activation, conv.clip)
         return schedule(params, post_ops=post, target=self.target, algorithm=algorithm, threads=self.threads)
 
-    def _lower(self, conv: _Conv) -> relax.Expr:
-        ex = self.expands.get(self._lowering)
-        if ex is not None:
-            return self._lower_inverted(ex, conv)
+    def _lower(self, conv: _Conv, var) -> relax.Expr:
+        """conv's chain as a call of our PrimFunc, held in `var` (NCHW convs: _unblocked)."""
         data, weight = (self.visit_expr(x) for x in conv.call.args)
         w_const = exprs.const(weight)
         algorithm = self.algorithm if w_const is not None else "direct"  # Winograd needs constant weights
@@ -330,21 +324,24 @@ class _Swap(PyExprMutator):
               f"{', fused ' + post if post else ''}{'' if conv.blocked else ', between layout transforms of its own'}"
         self._log(conv.call, "ours", why, s.plan.algorithm, s.post)
         out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
-        if conv.blocked:
-            return out
+        return out if conv.blocked else self._unblocked(out, g.o, s.post, var)
+
+    def _unblocked(self, out: relax.Call, channels: int, post: PostOps, var) -> relax.Expr:
+        """Our blocked output `out` as the NCHW tensor the graph holds in `var`. Padded output
+        channels have zero weights and bias (and a zero-padded residual): they hold act(0),
+        zero unless a clip's range excludes 0; where they are zeros, `var` is remembered as
+        `out`, which is what blocking it again for the next conv of ours would give."""
         y = self.builder_.emit(out)
-        _n, ob, _oh, _ow, bo = op.blocked_out_shape
-        # Padded output channels have zero weights and bias (and a zero-padded residual): they
-        # hold act(0), zero unless a clip's range excludes 0.
-        lo, hi = s.post.clip if s.post.activation == "clip" else (0.0, 0.0)
-        if ob * bo == g.o or lo <= 0.0 <= hi:
-            self._last_blocked = (y, bo, g.o)
-        y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * bo + i, h, w))
-        if ob * bo != g.o:
-            y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[g.o])
+        block = exprs.shape(y)[-1]
+        lo, hi = post.clip if post.activation == "clip" else (0.0, 0.0)
+        if channels % block == 0 or lo <= 0.0 <= hi:
+            self.blocked[var] = (y, block, channels)
+        y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * block + i, h, w))
+        if channels % block:
+            y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[channels])
         return y
 
-    def _lower_inverted(self, ex: _Conv, dw: _Conv) -> relax.Expr:
+    def _lower_inverted(self, ex: _Conv, dw: _Conv, var) -> relax.Expr:
         """The expand conv `ex` and the depthwise conv `dw` as one call of the fused block."""
         data, we = (self.visit_expr(x) for x in ex.call.args)
         wd = exprs.const(self.visit_expr(dw.call.args[1]))
@@ -354,7 +351,8 @@ class _Swap(PyExprMutator):
                                               int(dw.call.attrs.strides[0]), post_e, post_d, self.target)
         w_exp = exprs.const(we)
         packed = lay.pack_weights(_unblock_weights(w_exp, lay.expand) if ex.blocked else w_exp, wd)
-        args = [data if ex.blocked else self._to_blocked(data, BLOCK_CHANNELS, lay.expand.c)]
+        shapes = lay.shapes()
+        args = [data if ex.blocked else self._to_blocked(data, shapes["data"][-1], lay.expand.c)]
         args += [relax.const(w) for w in packed]
         args += [relax.const(b) for b in lay.pack_bias(ex.bias, dw.bias) if b is not None]
         key = ("inverted", lay)
@@ -369,15 +367,8 @@ class _Swap(PyExprMutator):
         why = f"inverted: fused with the {{}} ({plan.band_rows}-row bands, the expanded map stays in L1)"
         self._log(ex.call, "ours", why.format("depthwise conv after it"), "inverted", post_e)
         self._log(dw.call, "ours", why.format("1x1 expand conv before it"), "inverted", post_d)
-        y = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(lay.shapes()["out"], "float32")))
-        e = lay.expand.o
-        lo, hi = post_d.clip if post_d.activation == "clip" else (0.0, 0.0)
-        if e % BLOCK_CHANNELS == 0 or lo <= 0.0 <= hi:
-            self._last_blocked = (y, BLOCK_CHANNELS, e)
-        y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * BLOCK_CHANNELS + i, h, w))
-        if e % BLOCK_CHANNELS:
-            y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[e])
-        return y
+        out = relax.call_tir(gv, args, relax.TensorType(shapes["out"], "float32"))
+        return self._unblocked(out, lay.expand.o, post_d, var)
 
     def _to_blocked(self, x, block: int, channels: int):
         if self.blocked.get(x, (None,))[1:] == (block, channels):
@@ -385,9 +376,6 @@ class _Swap(PyExprMutator):
         pad = None if channels % block == 0 else 0.0
         return self.builder_.emit(relax.op.layout_transform(
             x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block), pad_value=pad))
-
-
-BLOCK_CHANNELS = 16  # the fused block's channel block (its depthwise kernel's lanes), on both ISAs
 
 
 def _fusable_depthwise(dw: _Conv) -> bool:
@@ -563,12 +551,11 @@ def _fold_batch_norms(mod: tvm.IRModule, report: list) -> tvm.IRModule:
 
 
 def _lower_rest(mod: tvm.IRModule, threads, report: list) -> tvm.IRModule:
-    rest_report: list = []
-    mod = schedule_rest(mod, threads, rest_report)
-    for r in rest_report:
-        report.append({"op": r["func"], "runs_on": "ours" if r["runs_on"] == "scheduled" else r["runs_on"],
-                       "reason": r["how"]})
-        LOG.info("%s: %s (%s)", r["func"], report[-1]["runs_on"], r["how"])
+    rest: list = []
+    mod = schedule_rest(mod, threads, rest)
+    for r in rest:
+        LOG.info("%s: %s (%s)", r["op"], r["runs_on"], r["reason"])
+    report += rest
     return mod
 
 

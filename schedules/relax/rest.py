@@ -24,8 +24,14 @@ scheduled and opaque, so `tvm.compile`'s own FuseOps does not fuse them again.
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import relax, s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import try_inline
+
+from . import exprs
 
 PREFIX = "mk_"
 SERIAL_WORK = 1 << 14  # below this many loop iterations a parallel region costs more than it saves
@@ -101,9 +107,7 @@ def _schedule_nest(sch: s_tir.Schedule, block_rv, threads: int | None) -> str:
         else:
             outer.append(inner[0])
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
-    work = 1
-    for e in extents:
-        work *= e
+    work = math.prod(extents)
     if fused is not None and (threads is None or threads > 1) and work >= SERIAL_WORK and _extent(sch, fused) > 1:
         sch.parallel(fused)
         done.append("parallel")
@@ -121,16 +125,11 @@ def _schedule_nest(sch: s_tir.Schedule, block_rv, threads: int | None) -> str:
 def schedule_func(func: tirx.PrimFunc, threads: int | None) -> tuple[tirx.PrimFunc, str]:
     """`func` scheduled by the module doc's rules, and a line saying how. Raises ValueError
     (or TVM's ScheduleError) when a rule does not fit; the caller keeps TVM's version then."""
-    from tvm.s_tir.dlight.base import try_inline
-
     sch = s_tir.Schedule(func)
-    root = sch.get_sblock("root")
-    blocks = sch.get_child_blocks(root)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
     if len(blocks) > 1:
-        # try_inline wants the analysis' block infos; inline by hand: producers first, then
-        # consumers into the reductions they follow where TVM allows it.
-        from tvm.s_tir.dlight.analysis import normalize_prim_func
-
+        # dlight's inliner: every block that TVM can compute_inline into its consumer or
+        # reverse_compute_inline into its producer goes; what is left gets a nest each.
         infos = normalize_prim_func(sch)
         if infos is None:
             raise ValueError("blocks the analysis cannot normalize")
@@ -154,8 +153,10 @@ class _Rename(relax.PyExprMutator):
 
 
 def schedule_rest(mod: tvm.IRModule, threads: int | None, report: list | None = None) -> tvm.IRModule:
-    """Legalize every Relax op `mod` still has and schedule each PrimFunc that is not ours;
-    `report` (a list) receives one dict per function: its name, "scheduled" or "tvm", how/why."""
+    """Legalize every Relax op `mod` still has and schedule each PrimFunc that is not ours.
+    `report` (a list) receives one dict per function, as optimize's report has them: "op" (its
+    name), "runs_on" ("ours": scheduled here, "tvm": no rule fits, "view": a reshape that
+    copies nothing) and "reason"."""
     report = [] if report is None else report
     mod = _legalize()(mod)
     rename = _Rename(mod, {})
@@ -166,37 +167,24 @@ def schedule_rest(mod: tvm.IRModule, threads: int | None, report: list | None = 
             continue
         if relax.analysis.has_reshape_pattern(func):
             # RewriteDataflowReshape (in tvm.compile) turns these into views: no copy, no loop.
-            report.append({"func": name, "runs_on": "view", "how": "reshape without a copy"})
+            report.append({"op": name, "runs_on": "view", "reason": "reshape without a copy"})
             continue
         try:
             func, how = schedule_func(func, threads)
         except (ValueError, RuntimeError) as e:  # TVM's ScheduleError is a RuntimeError
             lines = str(e).strip().splitlines()
-            report.append({"func": name, "runs_on": "tvm", "how": lines[0] if lines else type(e).__name__})
+            report.append({"op": name, "runs_on": "tvm", "reason": lines[0] if lines else type(e).__name__})
             continue
         fresh = PREFIX + name
         while fresh in taken:
             fresh += "_"
         taken.add(fresh)
         rename.names[gv] = rename.builder_.add_func(func.with_attr("global_symbol", fresh), fresh)
-        report.append({"func": fresh, "runs_on": "scheduled", "how": how})
+        report.append({"op": fresh, "runs_on": "ours", "reason": how})
     if not rename.names:
         return mod
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rename.builder_.update_func(gv, rename.visit_expr(func))
-    out = rename.builder_.get()
+    out = exprs.mutate(mod, rename)
     return tvm.IRModule({gv: f for gv, f in out.functions_items() if gv not in rename.names}, attrs=out.attrs)
 
 
-def rest_pass(threads: int | None, report: list | None = None) -> tvm.transform.Pass:
-    """schedule_rest as a module pass, to run after the conv pass."""
-
-    @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsRest")
-    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return schedule_rest(mod, threads, report)
-
-    return run
-
-
-__all__ = ["PREFIX", "rest_pass", "schedule_func", "schedule_rest"]
+__all__ = ["PREFIX", "schedule_func", "schedule_rest"]

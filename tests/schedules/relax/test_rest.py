@@ -48,7 +48,7 @@ def scheduled(mod, threads=None):
 def check(mod, *args, threads=None):
     """Every function ours (or a copy-free view), results equal to TVM's unscheduled build."""
     opt, report = scheduled(mod, threads)
-    assert report and all(r["runs_on"] in ("scheduled", "view") for r in report), report
+    assert report and all(r["runs_on"] in ("ours", "view") for r in report), report
     np.testing.assert_array_equal(run(opt, *args), run(mod, *args))
     return opt, report
 
@@ -70,7 +70,7 @@ def test_max_and_avg_pool(c, hw, k, stride, blocked, seed):
         mod = module(shape, lambda bb, x, p=pool: p(x, pool_size=k, strides=stride, padding=k // 2, layout=layout))
         _, report = check(mod, rng_array(rng, shape))
         if blocked:
-            assert any("vector 16" in r["how"] for r in report), report
+            assert any("vector 16" in r["reason"] for r in report), report
 
 
 @settings(max_examples=6, deadline=None)
@@ -119,12 +119,12 @@ def test_single_thread_plans_stay_serial_and_small_nests_too():
     shape = (1, 64, 28, 28)
     mod = module(shape, lambda bb, x: relax.op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1))
     _, report = check(mod, rng_array(rng, shape), threads=1)
-    assert all("parallel" not in r["how"] for r in report), report
+    assert all("parallel" not in r["reason"] for r in report), report
     _, report = check(mod, rng_array(rng, shape), threads=2)
-    assert any("parallel" in r["how"] for r in report), report
+    assert any("parallel" in r["reason"] for r in report), report
     tiny = module((1, 4), lambda bb, x: relax.op.nn.relu(x))
     _, report = check(tiny, rng_array(rng, (1, 4)), threads=2)
-    assert all("parallel" not in r["how"] for r in report), report
+    assert all("parallel" not in r["reason"] for r in report), report
 
 
 def test_gemv_is_vector_fma_in_the_assembly():
@@ -152,7 +152,7 @@ def test_what_no_rule_fits_stays_tvms_and_says_why():
         bb.emit_func_output(out)
     mod = bb.get()
     opt, report = scheduled(mod)
-    assert [r["runs_on"] for r in report] == ["tvm"] and "symbolic" in report[0]["how"], report
+    assert [r["runs_on"] for r in report] == ["tvm"] and "symbolic" in report[0]["reason"], report
     xv = np.random.default_rng(4).standard_normal((3, 16)).astype(np.float32)
     np.testing.assert_array_equal(run(opt, xv), np.maximum(xv, 0))
 
@@ -163,7 +163,7 @@ def test_scheduled_functions_are_not_fused_again_by_tvm_compile():
     shape = (1, 64, 32, 32)
     mod = module(shape, lambda bb, x: relax.op.nn.relu(bb.emit(relax.op.nn.max_pool2d(x, pool_size=2, strides=2))))
     opt, report = scheduled(mod)
-    names = sorted(r["func"] for r in report)
+    names = sorted(r["op"] for r in report)
     with TARGET:
         again = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(opt)))
     assert sorted(gv.name_hint for gv, f in again.functions_items() if gv.name_hint != "main") == names

@@ -32,6 +32,8 @@ import numpy as np
 from microkernels import Isa
 from schedules.common.targets import require_host, set_threads
 
+from .timing import seconds_per_call
+
 ROUNDS = 3
 PAUSE = 0.1  # s between turns: TVM's idle workers spin briefly after a call and would steal cores
 MODELS = ("resnet50", "mobilenet_v2", "resnext50")
@@ -53,16 +55,6 @@ def _time_vm(vm, x, repeat: int) -> float:
 
     ev = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat)
     return statistics.median(ev(x).results)
-
-
-def _time_call(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def classify(symbol: str) -> str:
@@ -234,7 +226,7 @@ class _Case:
         turns = [("ours", lambda: _time_vm(self.ours, self.x, repeat))]
         if self.unfused is not None:
             turns.append(("unfused", lambda: _time_vm(self.unfused, self.x, repeat)))
-        turns += [(e.name, lambda e=e: _time_call(e.run, repeat)) for e in engines]
+        turns += [(e.name, lambda e=e: seconds_per_call(e.run, 1, repeat, cold=False)) for e in engines]
         best: dict[str, list[float]] = {name: [] for name, _ in turns}
         for _ in range(ROUNDS):
             for name, fn in turns:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
 from microkernels import Isa
 from schedules.common.targets import require_host, set_threads
 
+from . import peers
 from .timing import seconds_per_call
 
 ROUNDS = 3
@@ -196,24 +196,13 @@ class _Case:
             self.want = self.torch_model(torch.from_numpy(self.x_np)).numpy()
         self.peers = None
         if options["peers"]:
-            from benchmarks import peers
-
             self.peers = peers.Peers(self.torch_model)
 
     def engines(self, threads: int):
         """The peers' engines on this case's input; PyTorch alone (and no ONNX in sight) without peers."""
         if self.peers is not None:
             return self.peers.engines(self.x_np, threads)
-        import torch
-
-        torch.set_num_threads(threads)
-        xt = torch.from_numpy(self.x_np)
-
-        def run():
-            with torch.no_grad():
-                return self.torch_model(xt).numpy()
-
-        return [SimpleNamespace(name="PyTorch", version=torch.__version__, precision="float32", run=run)]
+        return [peers.pytorch(self.torch_model, self.x_np, threads)]
 
     def check(self, name: str, got: np.ndarray, log) -> float:
         err = _rel_diff(np.asarray(got), self.want)

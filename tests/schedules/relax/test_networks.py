@@ -13,17 +13,12 @@ from tvm import relax
 from models import torch_style
 from schedules import relax as mkrelax
 
+from .test_batchnorm import imported
 from .test_conv2d import HOST, close, op_calls
 
 torch = pytest.importorskip("torch", reason="PyTorch is in the test extra; the networks are PyTorch modules")
 
 IMAGE = 64
-
-
-def imported(model, x):
-    from tvm.relax.frontend.torch import from_exported_program
-
-    return from_exported_program(torch.export.export(model, (torch.from_numpy(x),)), keep_params_as_input=False)
 
 
 def unscheduled(mod: tvm.IRModule) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tvm
 
-from microkernels import (ARM_ISAS, ISAS, NO_EPILOGUE, Epilogue, GemmKernel, asm, default_kernel, matmul_kernels,
+from microkernels import (ARM_ISAS, DEFAULT_TILES, ISAS, NO_EPILOGUE, Epilogue, GemmKernel, asm, default_kernel, matmul_kernels,
                           max_tiles)
 from microkernels import f32_wino as wino
 from microkernels.f32_dwconv import DwKernel, default_mr
@@ -31,7 +31,7 @@ DUMP_DIR = Path(__file__).resolve().parent.parent / "asm_dumps"
 
 def cases() -> list:
     """Per ISA: every register-budget tile (MR >= 2), the default tile, the matmul tiles, and the
-    default's beta=0 variant; the integer MAC tiles; every Winograd transform."""
+    default's beta=0 variant, plain and prefetching; the integer MAC tiles; every Winograd transform."""
     out = []
     for isa in ISAS.values():
         tiles = {GemmKernel(isa, mr, nr) for mr, nr in max_tiles(isa) if mr >= 2}
@@ -39,6 +39,8 @@ def cases() -> list:
         tiles.update(matmul_kernels(isa.name))
         out += sorted(tiles, key=lambda k: (k.nr, -k.mr))
         out.append(default_kernel(isa.name, accumulate=False))
+        # Winograd's first GEMM segment: beta=0, prefetching the next U panel.
+        out.append(GemmKernel(isa, *DEFAULT_TILES[isa.name], accumulate=False, prefetch=True))
     return out + [default_mac_kernel(name) for name in ARM_ISAS] + wino_cases() + dw_cases()
 
 

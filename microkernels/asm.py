@@ -155,14 +155,17 @@ def fma_loops(fn_asm: str) -> list:
 _BOOKKEEPING = ("add", "sub", "inc", "dec", "lea", "cmp", "test", "j", "mov")
 
 
-def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int) -> list[str]:
+def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int, prefetches: int = 0) -> list[str]:
     """Why `lp` is not exactly an MR x NV-vector tile's K step (empty list: it is).
 
     Allowed: MR*NV FMAs on the ISA's vector registers (zmm or ymm), NV vector loads (B), MR broadcasts of A (folded
-    into the FMAs as {1to16} on AVX-512 with NV = 1), and bookkeeping on general registers.
+    into the FMAs as {1to16} on AVX-512 with NV = 1), `prefetches` prefetcht1 (a prefetching
+    kernel's, one per B vector), and bookkeeping on general registers.
     Not allowed: any store, any load of the output tile, any stack access.
     """
     problems = []
+    if lp.count("prefetcht1") != prefetches:
+        problems.append(f"{lp.count('prefetcht1')} prefetcht1, expected {prefetches}")
     reg = {512: "%zmm", 256: "%ymm"}[isa.vector_bits]
     fmas = [i for i in lp.body if i.startswith("vfmadd")]
     if len(fmas) != mr * nv or lp.count("vfmadd231ps") != len(fmas):
@@ -178,7 +181,7 @@ def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int) -> list[str]:
         if op in ("vmovups", "vmovaps"):
             src, _, dst = operands.rpartition(",")
             (stores if "(" in dst else vloads).append(ins)
-        elif op.startswith("vfmadd") or op == "vbroadcastss":
+        elif op.startswith("vfmadd") or op == "vbroadcastss" or op == "prefetcht1":
             continue
         elif not op.startswith(_BOOKKEEPING) or (op.startswith("mov") and "(" in operands.rpartition(",")[2]):
             other.append(ins)

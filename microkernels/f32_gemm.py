@@ -28,6 +28,11 @@ panels follow one another in memory (each k*ldb long). A direct convolution is e
 with (i1, i2, i3) = (input-channel block, kh, kw): C is loaded and stored once per output tile.
     void mk_f32_brgemm_<MR>x<NR>_<isa>[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc,
         i32 k, i32 n1, i32 sa1, i32 n2, i32 sa2, i32 n3, i32 sa3)
+With `prefetch` (suffix _pf), every B load also prefetches into L2 the element one call's B
+further on (k*ldb, or n1*n2*n3*k*ldb for a batch): what the next call reads when calls walk B
+in order, as a conv whose reduction is cut into chunks of input-channel blocks does, or
+Winograd's GEMMs over U's panels. A network's weights come from DRAM; a panel streamed on
+demand stalls every FMA behind it, while one fetched a whole call ahead arrives in time.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class GemmKernel:
     batch_reduce: bool = False  # True: sum a 3-deep strided batch of A blocks (see module doc)
     epilogue: Epilogue = NO_EPILOGUE
     col_block: int = 0  # > 0: columns in groups of this many, each group at its own offset
+    prefetch: bool = False  # prefetch the B panel(s) that follow this call's (module doc)
 
     def __post_init__(self):
         normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
@@ -98,7 +104,7 @@ class GemmKernel:
     @property
     def name(self) -> str:
         op = "brgemm" if self.batch_reduce else "gemm"
-        suffix = "" if self.accumulate else "_beta0"
+        suffix = ("" if self.accumulate else "_beta0") + ("_pf" if self.prefetch else "")
         groups = f"g{self.col_block}" if self.col_block else ""
         return f"mk_f32_{op}_{self.mr}x{self.nr}{groups}_{self.isa.name}{suffix}{self.epilogue.suffix}"
 
@@ -185,7 +191,8 @@ def default_kernel(isa_name: str, accumulate: bool = True, batch_reduce: bool = 
 
 
 def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]:
-    """One K step at index %kk: NR/lanes B loads, MR broadcasts of A, MR*NR/lanes FMAs."""
+    """One K step at index %kk: NR/lanes B loads, MR broadcasts of A, MR*NR/lanes FMAs (and,
+    with prefetch, one prefetch per B vector, %pfd elements ahead)."""
     mr, nv, lanes, vt = kern.mr, kern.vectors_per_row, kern.isa.lanes, kern.isa.vector_type
     fma = f"@llvm.fma.v{lanes}f32"
     out = ["  %brow = mul i64 %kk, %ldb64"]
@@ -193,6 +200,12 @@ def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]
         out.append(f"  %bo{j} = add i64 %brow, {kern.column(j, 'bgs')}")
         out.append(f"  %bp{j} = getelementptr inbounds float, ptr {b}, i64 %bo{j}")
         out.append(f"  %bv{j} = load {vt}, ptr %bp{j}, align 4")
+        if kern.prefetch:
+            # Into L2 (locality 2: prefetcht1): the panel is wanted a whole call later, and
+            # in L1 it would evict the A window this call still reads. One 16-float vector
+            # (AVX-512) is one cache line; AVX2 fetches each line twice, harmlessly.
+            out.append(f"  %pf{j} = getelementptr float, ptr %bp{j}, i64 %pfd")
+            out.append(f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 2, i32 1)")
     for i in range(mr):
         out.append(f"  %aep{i} = getelementptr inbounds float, ptr {ap}{i}, i64 %kk")
         out.append(f"  %as{i} = load float, ptr %aep{i}, align 4")
@@ -294,6 +307,8 @@ def _generate(kern: GemmKernel) -> str:
         "  %ldc64 = sext i32 %ldc to i64",
         "  %k64 = sext i32 %k to i64",
     ]
+    if kern.prefetch:
+        out.append("  %pfd = mul i64 %k64, %ldb64")
     out += _group_strides(kern)
     for i in range(mr):
         out.append(f"  %crow{i} = mul i64 {i}, %ldc64")
@@ -320,6 +335,7 @@ def _generate(kern: GemmKernel) -> str:
         "  br i1 %more, label %loop, label %exit, !llvm.loop !0",
         "exit:",
     ]
+    prefetch_decl = ["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []
     tiles = [(i, j) for i in range(mr) for j in range(nv)]
     for i, j in tiles:
         out.append(f"  %res{i}_{j} = phi {vt} [{init(i, j)}, %entry], [%nacc{i}_{j}, %loop]")
@@ -328,6 +344,7 @@ def _generate(kern: GemmKernel) -> str:
         "  ret void",
         "}",
         f"declare {vt} {fma}({vt}, {vt}, {vt})",
+        *prefetch_decl,
         "!0 = distinct !{!0, !1}",
         '!1 = !{!"llvm.loop.unroll.disable"}',
         "",
@@ -353,6 +370,8 @@ def _generate_batched(kern: GemmKernel) -> str:
         out.append(f"  %slot{i}_{j} = alloca {vt}, align 32")
     out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
     out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %k64, %ldb64"]
+    if kern.prefetch:  # the distance to the panels after this call's: all n1*n2*n3 of them
+        out += ["  %pfn1 = mul i64 %bstep, %n164", "  %pfn2 = mul i64 %pfn1, %n264", "  %pfd = mul i64 %pfn2, %n364"]
     for i, j in tiles:
         out.append(f"  %crow{i}_{j} = mul i64 {i}, %ldc64")
         out.append(f"  %coff{i}_{j} = add i64 %crow{i}_{j}, {kern.column(j, 'cgs')}")
@@ -405,6 +424,7 @@ def _generate_batched(kern: GemmKernel) -> str:
         "  ret void",
         "}",
         f"declare {vt} @llvm.fma.v{lanes}f32({vt}, {vt}, {vt})",
+        *(["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []),
         "!0 = distinct !{!0, !1}",
         '!1 = !{!"llvm.loop.unroll.disable"}',
         "",

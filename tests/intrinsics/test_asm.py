@@ -32,7 +32,8 @@ def compiled_tile(request):
 def test_k_loop_is_the_tile_and_nothing_else(compiled_tile):
     """One K loop: MR*NR/lanes FMAs on the ISA's registers, one load per B vector, the A
     broadcasts (one vbroadcastss per row, or all folded as {1to16} on AVX-512 with NR = 16: several
-    FMAs sharing a row's broadcast beat re-loading it in each), no store, no stack traffic."""
+    FMAs sharing a row's broadcast beat re-loading it in each), one prefetcht1 per B vector in a
+    prefetching kernel, no store, no stack traffic."""
     kern, fn = compiled_tile
     if isinstance(kern, MacKernel):
         # NEON: one K loop of by-lane MACs (vmlal.s16 d[lane] / smlal(2) v.h[lane] / sdot
@@ -44,7 +45,8 @@ def test_k_loop_is_the_tile_and_nothing_else(compiled_tile):
         return
     loops = asm.fma_loops(fn)
     assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
-    problems = asm.tile_loop_problems(loops[0], kern.isa, kern.mr, kern.vectors_per_row)
+    problems = asm.tile_loop_problems(loops[0], kern.isa, kern.mr, kern.vectors_per_row,
+                                      prefetches=kern.vectors_per_row if kern.prefetch else 0)
     assert not problems, f"{kern.name}: {problems}\n" + "\n".join(loops[0].body)
 
 

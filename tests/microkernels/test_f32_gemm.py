@@ -71,3 +71,19 @@ def test_batch_reduce_variant_is_named_and_keeps_one_k_step(accumulate):
     assert len(re.findall(r"%c0_\d+_\d+ = load", ir)) == (12 if accumulate else 0)
     assert len(re.findall(r"%res\d+_\d+ = load", ir)) == 12
     assert "llvm.loop.unroll.disable" in ir
+
+
+@pytest.mark.parametrize("batch_reduce", [False, True])
+def test_prefetch_variant_fetches_one_line_per_b_vector_a_whole_call_ahead(batch_reduce):
+    """_pf: one prefetch into L2 (locality 2) per B vector and K step, at the element one call's
+    B further on (k*ldb; a batch: n1*n2*n3*k*ldb), which is where the next call's panels begin."""
+    plain = GemmKernel(AVX512, 7, 32, False, batch_reduce)
+    k = GemmKernel(AVX512, 7, 32, False, batch_reduce, prefetch=True)
+    assert k.name == plain.name.replace("_beta0", "_beta0_pf")
+    ir = k.llvm_ir()
+    calls = re.findall(r"call void @llvm\.prefetch\.p0\(ptr %pf\d+, i32 0, i32 2, i32 1\)", ir)
+    assert len(calls) == k.vectors_per_row == 2
+    distance = ("%pfn1 = mul i64 %bstep, %n164", "%pfn2 = mul i64 %pfn1, %n264", "%pfd = mul i64 %pfn2, %n364") \
+        if batch_reduce else ("%pfd = mul i64 %k64, %ldb64",)
+    assert all(d in ir for d in distance)
+    assert "llvm.prefetch" not in plain.llvm_ir()

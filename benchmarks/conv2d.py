@@ -270,7 +270,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                             f"depthwise, bands of {p.band_rows} rows"
                             + (f", loop {loop_pct[layer.row]:.0f}% of bound" if layer.row in loop_pct else "")
                             if p.algorithm == "depthwise" else
-                            f"{'bands' if p.band_parallel else 'blocks'} of {p.band_rows} rows")
+                            f"{'bands' if p.band_parallel else 'blocks'} of {p.band_rows} rows"
+                            + (f", chunks of {p.chunk} input blocks" if p.get("chunk") else ""))
                     tail = f" {ref * 1e3:8.3f} {ours / ref:10.2f}" if ref is not None else f" {'-':>8s} {'-':>10s}"
                     rel = f"{ours / base:8.2f}"
                     # The path's time over the module's alone (direct rows of a non-kernel path).

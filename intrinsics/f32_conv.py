@@ -7,7 +7,9 @@ A is a window of NCHWc input (input-channel blocks q, rows, columns, channels i 
 B the tile's slice of OIHWio weights, C a row of NCHWc output; Bias, the residual R and act
 (ReLU, or a clip to fixed bounds) are the kernel's epilogue and each is optional. The whole
 reduction runs inside one kernel call (beta=0, so there is no separate init pass), which is
-what keeps C in registers until its one store.
+what keeps C in registers until its one store. A schedule that cuts the reduction into chunks
+(schedules.conv.direct) uses an accumulating tile for the later ones: C += its part, no zero
+fill, the epilogue on the last chunk only.
 
 The description is a spatial block per output element whose body runs the reduction as plain
 loops and then the epilogue: a TIR reduction block cannot apply anything after its last
@@ -39,7 +41,9 @@ def reduce_axes(nb: int, kh: int, kw: int, bi: int) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True)
 class ConvTile:
-    """Geometry of one tensorized output tile. `kern` is a beta=0 batch-reduce GEMM tile."""
+    """Geometry of one tensorized output tile. `kern` is a batch-reduce GEMM tile: beta=0 for a
+    tile that computes the whole reduction, or one that accumulates (C += its part, then the
+    epilogue if it has one) for the later chunks of a reduction cut into chunks."""
 
     kern: GemmKernel
     nb: int  # input-channel blocks reduced over
@@ -52,8 +56,8 @@ class ConvTile:
     clip: tuple[float, float] = DEFAULT_CLIP  # bounds, when the kernel's epilogue clips
 
     def __post_init__(self):
-        if not self.kern.batch_reduce or self.kern.accumulate:
-            raise TileError(f"a conv tile needs a beta=0 batch-reduce kernel, got {self.kern.name}")
+        if not self.kern.batch_reduce:
+            raise TileError(f"a conv tile needs a batch-reduce kernel, got {self.kern.name}")
         normalize_ints(self, ("nb", "kh", "kw", "bi", "sw", "dh", "dw"), TileError)
         if self.kern.mr < 2:
             raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
@@ -125,9 +129,12 @@ def _frame(tile: ConvTile, stride) -> list[str]:
     return frame([
         # Pixels of a row are `bi` apart (NCHWc), which lets the kernel run (s, i) as one stretch.
         Operand("a", "A", (tile.nb, ah, aw, tile.bi), strides=f"[{stride('s1')}, {stride('s2')}, {tile.bi}, 1]"),
-        # B is compact: the kernel walks the weights of the whole reduction as one run, and a
-        # second block's weights follow the first's (OIHWio).
-        Operand("b", "B", lead + (tile.nb, tile.kh, tile.kw, tile.bi, cb)),
+        # B is compact within a block: the kernel walks the weights of the reduction as one run.
+        # A second block's weights follow the first's whole reduction (OIHWio), which is further
+        # than this tile's part when the reduction is cut into chunks: a stride of its own.
+        Operand("b", "B", lead + (tile.nb, tile.kh, tile.kw, tile.bi, cb),
+                strides=f"[{stride('sbg')}, {tile.kh * tile.kw * tile.bi * cb}, {tile.kw * tile.bi * cb}, "
+                        f"{tile.bi * cb}, {cb}, 1]" if G > 1 else None),
         *([Operand("bias", "Bias", lead + (cb,))] if ep.bias else []),
         *([Operand("r", "R", c_shape, strides=rows("sr"))] if ep.residual else []),
         Operand("c", "C", c_shape, strides=rows("sc")),
@@ -151,7 +158,8 @@ def description(tile: ConvTile) -> str:
     lines += element_body(f"C[{tile.grouped('vm', 'vj', row=True)}]", f"A[{', '.join(tile.a_index(v))}]",
                           f"B[{tile.grouped(*tile.b_index(v))}]", axes, " " * 16,
                           f"Bias[{tile.grouped('vj')}]" if ep.bias else None,
-                          f"R[{tile.grouped('vm', 'vj', row=True)}]" if ep.residual else None, ep.act, tile.clip)
+                          f"R[{tile.grouped('vm', 'vj', row=True)}]" if ep.residual else None, ep.act, tile.clip,
+                          init=not tile.kern.accumulate)
     return template(lines)
 
 
@@ -161,8 +169,7 @@ def implementation(tile: ConvTile) -> str:
     # (s, i) are one contiguous run when dw == 1: the kernel's K loop then covers kw*bi
     # steps in one go instead of kw runs of bi.
     k_run, n3, sa3 = (tile.kw * bi, 1, 0) if tile.dw == 1 else (bi, tile.kw, bi * tile.dw)
-    block_weights = tile.nb * tile.kh * tile.kw * bi * cb
-    extra = (f", {block_weights}, scg" if G > 1 else "") + (", Bias.access_ptr('r')" if ep.bias else "") \
+    extra = (", sbg, scg" if G > 1 else "") + (", Bias.access_ptr('r')" if ep.bias else "") \
         + ((", R.access_ptr('r'), sr" + (", srg" if G > 1 else "")) if ep.residual else "") \
         + (f", {f32(tile.clip[0])}, {f32(tile.clip[1])}" if ep.act == "clip" else "")
     return implementation_text(functools.partial(_frame, tile), [

@@ -18,15 +18,17 @@ DEFAULT_CLIP = (0.0, 6.0)  # ReLU6
 
 def element_body(c_ref: str, a_ref: str, b_ref: str, red: list[tuple[str, int]], indent: str,
                  bias_ref: str | None = None, res_ref: str | None = None, act: str | None = None,
-                 clip: tuple[float, float] = DEFAULT_CLIP) -> list[str]:
-    """TVMScript of one output element: zero, the reduction loops over `red`, the epilogue.
+                 clip: tuple[float, float] = DEFAULT_CLIP, init: bool = True) -> list[str]:
+    """TVMScript of one output element: zero (unless not `init`: the reduction adds to what C
+    holds), the reduction loops over `red`, the epilogue.
 
     The single spelling of the statement sequence, used by the description here and by the
     convolution schedule's blocks, which tensorize can only match if they are identical.
     """
     if not red:  # one product: a single statement, so the block stays complete (vectorizable)
-        return [f"{indent}{c_ref} = {epilogue_expr(f'{a_ref} * {b_ref}', bias_ref, res_ref, act, clip)}"]
-    lines = [f"{indent}{c_ref} = T.float32(0)"]
+        product = f"{a_ref} * {b_ref}" if init else f"{c_ref} + {a_ref} * {b_ref}"
+        return [f"{indent}{c_ref} = {epilogue_expr(product, bias_ref, res_ref, act, clip)}"]
+    lines = [f"{indent}{c_ref} = T.float32(0)"] if init else []
     lines.append(f"{indent}for {', '.join(n for n, _ in red)} in T.grid({', '.join(str(e) for _, e in red)}):")
     lines.append(f"{indent}    {c_ref} = {c_ref} + {a_ref} * {b_ref}")
     value = epilogue_expr(c_ref, bias_ref, res_ref, act, clip)

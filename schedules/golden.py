@@ -38,7 +38,7 @@ def cases() -> list[tuple[str, str]]:
 
 
 # The cache budget the dumps were made with: the default follows the host's L2.
-BLOCKING = ConvBlocking(l2_bytes=512 * 1024)
+BLOCKING = ConvBlocking(l2_bytes=512 * 1024, l1_bytes=32 * 1024)
 
 
 def compile_case(layer: str, isa: str):

@@ -2,7 +2,8 @@
 
 One output tile is MR pixels of an output row x NR output channels (one output block). Its
 whole reduction (input-channel blocks x KH x KW x channels of a block) runs inside one call of
-the batch-reduce kernel, so each output tile is stored once and never reloaded.
+the batch-reduce kernel, so each output tile is stored once and never reloaded; except on the
+small maps where that would stream the weights from memory once per row (chunks, below).
 
 Loop nest, outer to inner:
     n, band     : VH output rows; the band's input rows (halo and zero padding included) are
@@ -10,6 +11,10 @@ Loop nest, outer to inner:
                   stays in L2 (per-segment spatial packing). The window a band needs is
                   KH + SH*(VH-1) rows tall (dilated: (KH-1)*DH + 1 + SH*(VH-1)).
     o           : output-channel block (the weights of one block stay in L2 across rows)
+    [chunk]     : where one band covers the map and a job's weights outgrow half of L1, the
+                  reduction is cut into chunks of input-channel blocks (chunk_blocks): each
+                  chunk's tiles add to the output the previous chunk stored, the last applies
+                  the post-ops, and every call prefetches the next chunk's weights
     row, tile   : the tiles of one output row; a row that MR does not divide ends in one or two
                   narrower tiles (never MR = 1 unless the row is one pixel wide)
 Threads split the bands when the input is larger than L2 (each thread packs its own bands),
@@ -18,12 +23,14 @@ and the output-channel blocks otherwise.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import s_tir
 
 from intrinsics.f32_conv import ConvTile, reduce_axes, register_conv
 from intrinsics.templates import element_body
 from microkernels import GemmKernel, Isa
-from microkernels.f32_gemm import registers_needed
+from microkernels.f32_gemm import NO_EPILOGUE, Epilogue, registers_needed
 
 from ..common.targets import check_elements
 from ..common.tir import buffer, header, parse, region
@@ -37,6 +44,15 @@ def applies(g: Geometry) -> bool:
     return True
 
 
+def input_bytes(g: Geometry, rows: int) -> int:
+    """Bytes of input the tiles of `rows` output rows read. A padded layer's band is packed
+    whole, window and padding; an unpadded one is read in place, and a strided 1x1 layer then
+    touches only every stride-th row and pixel (1024x14x14 -> 2048 s2: 196 KiB, not 728)."""
+    if not g.padded and (g.kh, g.kw) == (1, 1):
+        return g.groups * g.nb * g.bi * rows * g.out_hw[1] * 4
+    return g.groups * g.nb * g.bi * g.input_rows(rows) * (g.w + g.pad[1] + g.pad[3]) * 4
+
+
 def bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool]:
     """(rows per band VH, whether threads split bands rather than output blocks).
 
@@ -48,10 +64,9 @@ def bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool]
     six layers where a bytes-moved model picked blocks-outer instead, bands were faster.)
     """
     oh, _ = g.out_hw
-    row_bytes = g.groups * g.nb * g.bi * (g.w + g.pad[1] + g.pad[3]) * 4
-    if g.input_rows(oh) * row_bytes <= blocking.image_budget and g.groups * g.ob >= threads:
+    if input_bytes(g, oh) <= blocking.image_budget and g.groups * g.ob >= threads:
         return oh, False
-    fits = lambda d: g.input_rows(d) * row_bytes <= blocking.band_budget  # noqa: E731
+    fits = lambda d: input_bytes(g, d) <= blocking.band_budget  # noqa: E731
     vh = largest_divisor(oh, fits) or 1
     # Enough bands that every thread gets the same number, where a divisor allows it.
     balanced = largest_divisor(oh, lambda d: fits(d) and (g.n * oh // d) % threads == 0)
@@ -78,6 +93,111 @@ def output_blocks(g: Geometry, isa: Isa, mr: int) -> int:
     return 2 if ok else 1
 
 
+
+@dataclass(frozen=True)
+class ChunkPhase:
+    """One stretch of a reduction cut into chunks of input-channel blocks (chunk_phases)."""
+
+    tag: str  # block-name prefix ("" when the reduction is not cut)
+    nb: int  # input-channel blocks per chunk
+    q0: str  # the phase's first input block, as block-iterator text
+    loop: int  # > 0: the phase is a loop over this many chunks (iterator c, block axis vc)
+    init: bool  # the first chunk overwrites C; the others add to it
+    epilogue: Epilogue  # only the last chunk's: bias, residual and act see the whole sum
+    prefetch: bool  # each call prefetches the next chunk's weights (GemmKernel.prefetch)
+
+
+def chunk_phases(nb: int, chunk: int, ep: Epilogue) -> list[ChunkPhase]:
+    """The first chunk, the middle ones as one loop, the last chunk; or the whole reduction as
+    one phase when chunk == nb."""
+    n = nb // chunk
+    if n == 1:
+        return [ChunkPhase("", nb, "0", 0, True, ep, False)]
+    phases = [ChunkPhase("c0_", chunk, "0", 0, True, NO_EPILOGUE, True)]
+    if n > 2:
+        phases.append(ChunkPhase("cm_", chunk, f"vc * {chunk}", n - 2, False, NO_EPILOGUE, True))
+    return phases + [ChunkPhase("cl_", chunk, str((n - 1) * chunk), 0, False, ep, True)]
+
+
+def chunk_blocks(g: Geometry, blocks: int, vh: int, l1_bytes: int) -> int:
+    """Input-channel blocks per reduction chunk: all of them, except where a job's weights
+    outgrow half of L1 and every row of the layer is one band (the small maps of a network's
+    last stages). There each row's tile used to walk all of the job's weights: the first row
+    from memory, since a network's weights stream from DRAM, at a rate the FMAs outran by 3x
+    (512x7x7 3x3: 1.5 ms in ResNet-50 against 0.94 warm). Cut into chunks that stay in L1,
+    every row reuses a chunk while the kernel prefetches the next one, so the weights are read
+    once, ahead of need. The price is one load and store of the accumulators per chunk."""
+    per_block = g.kh * g.kw * g.bi * g.block * blocks * 4  # bytes of one input block's weights per job
+    if g.groups != 1 or vh != g.out_hw[0] or g.nb * per_block <= l1_bytes // 2:
+        return g.nb
+    return largest_divisor(g.nb, lambda d: d * per_block <= l1_bytes // 2) or 1
+
+
+def _tile(g: Geometry, isa: Isa, t: int, phase: ChunkPhase, blocks: int, post: PostOps) -> ConvTile | None:
+    """The tensorized tile of a segment whose tiles are t pixels wide; None for a one-pixel row or
+    a one-element reduction (a 1x1 depthwise layer), which stay plain TIR."""
+    if t < 2 or not reduce_axes(phase.nb, g.kh, g.kw, g.bi):
+        return None
+    kern = GemmKernel(isa, t, g.block * blocks, accumulate=not phase.init, batch_reduce=True,
+                      epilogue=phase.epilogue, col_block=g.block if blocks > 1 else 0, prefetch=phase.prefetch)
+    return ConvTile(kern, phase.nb, g.kh, g.kw, g.bi, g.stride[1], *g.dilation, post.clip)
+
+
+def _tile_block(g: Geometry, seg: tuple[int, int, int], name: str, phase: ChunkPhase, vh: int, blocks: int,
+                post: PostOps, indent: int) -> list[str]:
+    """The loops and block of one segment of a row (first column, tiles, tile width) in one phase."""
+    start, count, t = seg
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    bo, ow = g.block, g.out_hw[1]
+    sp, b = " " * indent, " " * (indent + 8)
+    loops, exts = (["tt", "m", "j"], [count, t, bo]) if t >= 2 else (["tt", "j"], [count, bo])
+    if blocks > 1:
+        loops.insert(1, "g")
+        exts.insert(1, blocks)
+    L = [f"{sp}for {', '.join(loops)} in T.grid({', '.join(map(str, exts))}):", f"{sp}    with T.sblock('{name}'):"]
+    if blocks > 1:
+        # As for the columns below: the first block is an iterator of its own, so the
+        # tile's inner bindings are exactly the description's (g, not o * 2 + g).
+        L.append(f"{b}vo0 = T.axis.spatial({g.groups * g.ob}, o * {blocks})")
+        L.append(f"{b}vg = T.axis.spatial({blocks}, g)")
+        L.append(f"{b}vyi = T.axis.spatial({vh}, yi)")
+        vo = "vo0 + vg"
+    else:
+        L.append(f"{b}vo, vyi = T.axis.remap('SS', [o, yi])")
+        vo = "vo"
+    if phase.loop:
+        L.append(f"{b}vc = T.axis.spatial({phase.loop + 2}, c + 1)")
+    # The tile's first column is an iterator of its own, so that splitting the block at
+    # `m` leaves the inner bindings exactly the description's (m, not start + m).
+    L.append(f"{b}vx0 = T.axis.spatial({ow}, {start} + tt * {t})")
+    if t >= 2:
+        L.append(f"{b}vm = T.axis.spatial({t}, m)")
+    L.append(f"{b}vj = T.axis.spatial({bo}, j)")
+    # The reduction runs as plain loops inside the block, then the epilogue: the form of
+    # the tile's description (intrinsics.templates.element_body).
+    axes = reduce_axes(phase.nb, g.kh, g.kw, g.bi)
+    v = {a: a for a, _ in axes}
+    if phase.q0 == "0":
+        qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""  # groups > 1: one block per tile
+        q, qw = f"{qg}{v.get('q', '0')}", v.get("q", "0")
+    else:  # a later chunk (groups = 1 only)
+        q = qw = f"{phase.q0} + {v.get('q', '0')}"
+    vx = "vx0 + vm" if t >= 2 else "vx0"
+    col = f"({vx}) * {sw} + {v.get('s', '0')} * {dw}"
+    if g.padded:  # P holds the band's rows only
+        row = f"vyi * {sh} + {v.get('r', '0')} * {dh}"
+        a_ref = f"P[{q}, {row}, {col}, {v.get('i', '0')}]"
+    else:
+        row = f"(vyb * {vh} + vyi) * {sh} + {v.get('r', '0')} * {dh}"
+        a_ref = f"D[vn, {q}, {row}, {col}, {v.get('i', '0')}]"
+    w_ref = f"Wt[{vo}, {qw}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
+    out_ref = f"Out[vn, {vo}, vyb * {vh} + vyi, {vx}, vj]"
+    ep = phase.epilogue
+    res_ref = f"Res[vn, {vo}, vyb * {vh} + vyi, {vx}, vj]" if ep.residual else None
+    return L + element_body(out_ref, a_ref, w_ref, axes, " " * (indent + 8), f"Bias[{vo}, vj]" if ep.bias else None,
+                            res_ref, ep.act, post.clip, init=phase.init)
+
+
 def band_shape(g: Geometry, vh: int) -> tuple:
     """P: one band's input, VH output rows' worth, padding included (input blocks, rows,
     columns, lanes)."""
@@ -85,9 +205,11 @@ def band_shape(g: Geometry, vh: int) -> tuple:
 
 
 def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: PostOps,
-           blocks: int = 1) -> tuple[list[str], list[tuple[str, ConvTile]]]:
+           blocks: int = 1, chunk: int | None = None) -> tuple[list[str], list[tuple[str, ConvTile]]]:
     """TVMScript lines of the whole layer, and the (block name, tile) pairs to tensorize. blocks:
-    output blocks per tile (output_blocks)."""
+    output blocks per tile (output_blocks); chunk: input-channel blocks per reduction chunk
+    (chunk_blocks; None: the whole reduction in one call)."""
+    chunk = chunk or g.nb
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
     nbands = oh // vh
@@ -112,61 +234,19 @@ def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: P
     jobs = g.groups * g.ob // blocks
     o_loop = f"T.parallel({jobs})" if not band_parallel else f"T.serial({jobs})"
     L.append(f"            for o in {o_loop}:")
-    L.append(f"                for yi in T.serial({vh}):")
     tensorized = []
-    axes = reduce_axes(g.nb, g.kh, g.kw, bi)
-    ep = post.epilogue
-    for si, (start, count, t) in enumerate(segments(ow, mr)):
-        name = f"conv_{si}"
-        # A one-pixel row or a one-element reduction (a 1x1 depthwise layer) has no tile to
-        # run; that block stays plain TIR.
-        tile = None
-        if t >= 2 and axes:
-            kern = GemmKernel(isa, t, bo * blocks, accumulate=False, batch_reduce=True, epilogue=ep,
-                              col_block=bo if blocks > 1 else 0)
-            tile = ConvTile(kern, g.nb, g.kh, g.kw, bi, sw, dh, dw, post.clip)
-        loops, exts = (["tt", "m", "j"], [count, t, bo]) if t >= 2 else (["tt", "j"], [count, bo])
-        if blocks > 1:
-            loops.insert(1, "g")
-            exts.insert(1, blocks)
-        L.append(f"                    for {', '.join(loops)} in T.grid({', '.join(map(str, exts))}):")
-        L.append(f"                        with T.sblock('{name}'):")
-        if blocks > 1:
-            # As for the columns below: the first block is an iterator of its own, so the
-            # tile's inner bindings are exactly the description's (g, not o * 2 + g).
-            L.append(f"                            vo0 = T.axis.spatial({g.groups * g.ob}, o * {blocks})")
-            L.append(f"                            vg = T.axis.spatial({blocks}, g)")
-            L.append(f"                            vyi = T.axis.spatial({vh}, yi)")
-            vo = "vo0 + vg"
-        else:
-            L.append("                            vo, vyi = T.axis.remap('SS', [o, yi])")
-            vo = "vo"
-        # The tile's first column is an iterator of its own, so that splitting the block at
-        # `m` leaves the inner bindings exactly the description's (m, not start + m).
-        L.append(f"                            vx0 = T.axis.spatial({ow}, {start} + tt * {t})")
-        if t >= 2:
-            L.append(f"                            vm = T.axis.spatial({t}, m)")
-        L.append(f"                            vj = T.axis.spatial({bo}, j)")
-        # The reduction runs as plain loops inside the block, then the epilogue: the form of
-        # the tile's description (intrinsics.templates.element_body).
-        v = {a: a for a, _ in axes}
-        qg = f"vo // {g.ob} * {g.nb} + " if g.groups > 1 else ""  # groups > 1: one block per tile
-        q = f"{qg}{v.get('q', '0')}"
-        vx = "vx0 + vm" if t >= 2 else "vx0"
-        col = f"({vx}) * {sw} + {v.get('s', '0')} * {dw}"
-        if g.padded:  # P holds the band's rows only
-            row = f"vyi * {sh} + {v.get('r', '0')} * {dh}"
-            a_ref = f"P[{q}, {row}, {col}, {v.get('i', '0')}]"
-        else:
-            row = f"(vyb * {vh} + vyi) * {sh} + {v.get('r', '0')} * {dh}"
-            a_ref = f"D[vn, {q}, {row}, {col}, {v.get('i', '0')}]"
-        w_ref = f"Wt[{vo}, {v.get('q', '0')}, {v.get('r', '0')}, {v.get('s', '0')}, {v.get('i', '0')}, vj]"
-        out_ref = f"Out[vn, {vo}, vyb * {vh} + vyi, {vx}, vj]"
-        res_ref = f"Res[vn, {vo}, vyb * {vh} + vyi, {vx}, vj]" if ep.residual else None
-        L += element_body(out_ref, a_ref, w_ref, axes, " " * 28, f"Bias[{vo}, vj]" if ep.bias else None,
-                          res_ref, ep.act, post.clip)
-        if tile:
-            tensorized.append((name, tile))
+    for phase in chunk_phases(g.nb, chunk, post.epilogue):
+        indent = 16
+        if phase.loop:  # the middle chunks: one loop over them, the chunk an iterator of each block
+            L.append(f"                for c in T.serial({phase.loop}):")
+            indent += 4
+        L.append(" " * indent + f"for yi in T.serial({vh}):")
+        for si, seg in enumerate(segments(ow, mr)):
+            name = f"conv_{phase.tag}{si}"
+            L += _tile_block(g, seg, name, phase, vh, blocks, post, indent + 4)
+            tile = _tile(g, isa, seg[2], phase, blocks, post)
+            if tile:
+                tensorized.append((name, tile))
     return L, tensorized
 
 
@@ -178,7 +258,8 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
                    band=band_shape(g, vh))
     blocks = output_blocks(g, isa, mr)
-    lines, tiles = render(g, isa, mr, vh, band_parallel, post, blocks)
+    chunk = chunk_blocks(g, blocks, vh, blocking.l1)
+    lines, tiles = render(g, isa, mr, vh, band_parallel, post, blocks, chunk)
     sch = s_tir.Schedule(parse(lines))
     for name, tile in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
@@ -186,5 +267,5 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     plan = DirectPlan("direct", reason, mr=mr, output_blocks=blocks, band_rows=vh, band_parallel=band_parallel,
-                      segments=segments(g.out_hw[1], mr))
+                      segments=segments(g.out_hw[1], mr), chunk=chunk if chunk < g.nb else None)
     return sch.mod, plan

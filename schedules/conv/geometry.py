@@ -96,18 +96,24 @@ class ConvParams:
 
 @dataclass(frozen=True)
 class ConvBlocking:
-    """Cache budgets in bytes. l2_bytes None: the host's L2 as sysfs gives it (512 KiB where it
-    does not say); the golden assembly pins 512 KiB so it does not depend on the host."""
+    """Cache budgets in bytes. None: the host's cache as sysfs gives it (L2 512 KiB, L1d 32 KiB
+    where it does not say); the golden assembly pins both so it does not depend on the host."""
 
     l2_bytes: int | None = None
+    l1_bytes: int | None = None
 
     def __post_init__(self):
-        if self.l2_bytes is not None:
-            object.__setattr__(self, "l2_bytes", positive_int("l2_bytes", self.l2_bytes))
+        for name in ("l2_bytes", "l1_bytes"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, positive_int(name, getattr(self, name)))
 
     @property
     def l2(self) -> int:
         return self.l2_bytes if self.l2_bytes is not None else host_cache_bytes(2, 512 * 1024)
+
+    @property
+    def l1(self) -> int:
+        return self.l1_bytes if self.l1_bytes is not None else host_cache_bytes(1, 32 * 1024)
 
     @property
     def image_budget(self) -> int:  # a layer's input this small is packed whole, once

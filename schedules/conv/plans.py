@@ -54,6 +54,7 @@ class DirectPlan(Plan):
     band_parallel: bool  # threads split the bands (else each band's output blocks)
     segments: list  # (first column, tiles, MR) runs covering one output row
     block_diagonal: str | None = None  # grouped layers run as wider groups: what became what
+    chunk: int | None = None  # input-channel blocks per reduction chunk (direct.chunk_blocks); None: all
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ BR0 = GemmKernel(AVX2, 6, 16, accumulate=False, batch_reduce=True)
 
 @pytest.mark.parametrize(
     "kern, kwargs, msg",
-    [(GemmKernel(AVX2, 6, 16), {}, "beta=0 batch-reduce"),
-     (GemmKernel(AVX2, 6, 16, accumulate=True, batch_reduce=True), {}, "beta=0 batch-reduce"),
+    [(GemmKernel(AVX2, 6, 16), {}, "needs a batch-reduce kernel"),
      (GemmKernel(AVX2, 1, 16, accumulate=False, batch_reduce=True), {}, "MR must be >= 2"),
      (BR0, {"kh": 0}, "kh must be a positive int"),
      (BR0, {"sw": 1.5}, "sw must be a positive int"),
@@ -38,6 +37,19 @@ def test_unit_loops_are_left_out_and_window_is_exact():
     # columns, not 6*2 + 3 - 1.
     assert tile.window == (1, 15)
     assert tile.name == "mk_f32_brgemm_6x16_avx2_beta0_conv_q1_k1x3_c16_s2_d1x2"
+
+
+def test_an_accumulating_tile_adds_to_c_and_applies_its_epilogue_after():
+    """The later chunks of a reduction cut into chunks: no zero fill, C + the products, then the
+    epilogue once; the beta=0 tile of the same geometry starts from zero."""
+    from microkernels import Epilogue
+
+    acc = ConvTile(GemmKernel(AVX2, 6, 16, accumulate=True, batch_reduce=True, epilogue=Epilogue(act="relu")),
+                   nb=2, kh=3, kw=3, bi=8)
+    text, zeroed = description(acc), description(ConvTile(BR0, nb=2, kh=3, kw=3, bi=8))
+    assert "T.float32(0)\n" in zeroed and "C[vm, vj] = T.float32(0)" not in text
+    assert "C[vm, vj] = C[vm, vj] + A[q, r * 1, vm * 1 + s * 1, i] * B[q, r, s, i, vj]" in text
+    assert text.index("C[vm, vj] + A") < text.index("T.max(T.float32(0), C[vm, vj])")
 
 
 def _call_kernel_directly(kern, a, b, c, lda, ldb, ldc, k, batches, bias=None, res=None, ldr=0, clip=(0.0, 6.0),

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedules
-from microkernels import DEFAULT_TILES, best_host_isa
+from microkernels import DEFAULT_TILES, ISAS, best_host_isa
 from schedules.conv import ConvBlocking, ConvParams, Geometry, direct
 from schedules.conv import geometry as geometry_module
 from schedules.conv.geometry import segments
@@ -240,3 +240,71 @@ def test_output_tiles_are_not_zero_filled_before_the_kernel(algorithm, rng):
     got = op.from_blocked(args[2].numpy())
     ref = ref_conv2d(x, w, padding=1)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions cut into chunks (direct.chunk_blocks): the small maps of a network's last stages
+
+WHOLE = ConvBlocking(l1_bytes=1 << 30)  # every job's weights "fit in L1": one call per tile
+CHUNKED = ConvBlocking(l1_bytes=1024)  # nothing fits: one input block per chunk
+
+
+@pytest.mark.parametrize("data_shape, weight_shape, stride, padding, post, threads", [
+    ((1, 32, 7, 7), (32, 32, 3, 3), 1, 1, {}, 1),  # two chunks: first and last
+    ((1, 48, 7, 9), (40, 48, 3, 3), 1, 1, dict(bias=True, residual=True, activation="relu"), 2),  # a middle loop of one
+    ((2, 80, 6, 6), (32, 80, 3, 3), 1, 1, dict(bias=True, activation="clip", clip=(-0.5, 0.5)), None),  # of three
+    ((1, 64, 14, 14), (48, 64, 1, 1), 2, 0, dict(residual=True), 2),  # unpadded: the tiles read the input in place
+])
+def test_chunked_reduction_equals_one_call_bit_for_bit(rng, data_shape, weight_shape, stride, padding, post, threads):
+    """A chunk's partial sum goes through memory as float32, and the next chunk adds in the
+    order one call would: chunked and unchunked results are identical, bit for bit, and the
+    post-ops (bias, residual, activation) see the whole sum, once."""
+    conv = dict(stride=stride, padding=padding, target=HOST, threads=threads, algorithm="direct", **post)
+    whole = schedules.conv2d(data_shape, weight_shape, blocking=WHOLE, **conv)
+    chunked = schedules.conv2d(data_shape, weight_shape, blocking=CHUNKED, **conv)
+    assert whole.plan.get("chunk") is None
+    assert chunked.plan["chunk"] == 1 and chunked.plan["band_rows"] == chunked.layer.out_hw[0]
+    x, w = _inputs(rng, data_shape, weight_shape)
+    args = {}
+    if post.get("bias"):
+        args["bias"] = rng.standard_normal(weight_shape[0], dtype=np.float32)
+    if post.get("residual"):
+        args["residual"] = rng.standard_normal((data_shape[0], weight_shape[0], *whole.layer.out_hw), dtype=np.float32)
+    got = chunked(x, w, **args)
+    np.testing.assert_array_equal(got, whole(x, w, **args))
+    want = ref_conv2d(x, w, stride=stride, padding=padding).astype(np.float64)
+    if "bias" in args:
+        want += args["bias"][None, :, None, None]
+    if "residual" in args:
+        want += args["residual"]
+    if post.get("activation") == "relu":
+        want = np.maximum(want, 0)
+    elif post.get("activation") == "clip":
+        want = np.clip(want, *post["clip"])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_chunks_where_a_jobs_weights_outgrow_l1_and_the_map_is_one_band():
+    """ResNet-50's 7x7 layers (one band) cut their reduction so a chunk's weights stay in half of
+    L1 (48 KiB: 3x3 at 18 KiB per input block of a two-block tile: one block per chunk; 1x1
+    at 2 KiB: 8). Banded maps, grouped layers and jobs whose weights fit keep one call."""
+    l1 = ConvBlocking(l2_bytes=1 << 20, l1_bytes=48 * 1024)
+    chunk = lambda shapes, **kw: direct.chunk_blocks(  # noqa: E731
+        g := Geometry.of(ConvParams(*shapes, **kw)), direct.output_blocks(g, ISAS["avx512"], 28),
+        direct.bands(g, l1, 1)[0], l1.l1)
+    assert chunk(((1, 512, 7, 7), (512, 512, 3, 3)), padding=1) == 1
+    assert chunk(((1, 2048, 7, 7), (512, 2048, 1, 1))) == 8
+    assert chunk(((1, 64, 56, 56), (64, 64, 3, 3)), padding=1) == 4  # banded: all 4 blocks
+    assert chunk(((1, 32, 7, 7), (32, 32, 1, 1))) == 2  # 4 KiB of weights: all
+    assert chunk(((1, 512, 7, 7), (512, 128, 3, 3)), padding=1, groups=4) == 8  # grouped: all
+
+
+def test_strided_pointwise_counts_only_the_pixels_it_reads():
+    """An unpadded strided 1x1 layer reads every stride-th row and pixel in place: ResNet-50's
+    1024x14x14 -> 2048 s2 touches 196 KiB, so it runs as one band under a 1 MiB L2, where the
+    whole window (728 KiB) would have cut it into one-row bands."""
+    g = Geometry.of(ConvParams((1, 1024, 14, 14), (2048, 1024, 1, 1), stride=2))
+    assert direct.input_bytes(g, 7) == 1024 * 7 * 7 * 4
+    assert direct.bands(g, ConvBlocking(l2_bytes=1 << 20), 2) == (7, False)
+    padded = Geometry.of(ConvParams((1, 1024, 14, 14), (2048, 1024, 1, 1), stride=2, padding=1))
+    assert direct.input_bytes(padded, 7) == 1024 * 13 * 16 * 4  # 7 rows at stride 2 span 13, padded 16 wide

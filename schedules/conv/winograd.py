@@ -173,7 +173,11 @@ def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parall
             f" + V[ve1, ve2, {vtile}, vk] * U[vo, ve1, ve2, vk, vj]",
         ]
         if t >= 2:
-            tensorized.append((name, register_gemm(GemmKernel(isa, t, BLOCK, accumulate=False), cp)))
+            # The first segment meets each U panel first, straight from memory in a network:
+            # it prefetches the next panel (the next (xi, nu), or the next block's first) while
+            # it computes on this one. The later segments find theirs in L1.
+            kern = GemmKernel(isa, t, BLOCK, accumulate=False, prefetch=si == 0)
+            tensorized.append((name, register_gemm(kern, cp)))
     L += [
         f"                for ty, tx, i, j, c in T.grid({vt}, {tw}, {m}, {m}, {BLOCK}):",
         "                    with T.sblock('wino_out'):",

@@ -118,10 +118,13 @@ def test_check_tools_reports_every_tool(clone):
 
 
 def test_packaged_tables_load_and_unknown_ones_are_named():
-    assert {"resnet50_v1.5", "mobilenet_v2"} <= set(conv2d.workload_names())
+    assert {"resnet50_v1.5", "mobilenet_v2", "resnext50_32x4d_grouped"} <= set(conv2d.workload_names())
     mobilenet = conv2d.load_workloads("mobilenet_v2")
     assert len(mobilenet) == 30 and sum(layer.kind == "depthwise" for layer in mobilenet) == 10
     layers = conv2d.load_workloads()
     assert len(layers) == 23 and sum(layer.count for layer in layers) == 53
+    # ResNeXt-50 32x4d's grouped 3x3 layers: 4, 8, 16 and 32 channels per group, 16 of its convs.
+    grouped = conv2d.load_workloads("resnext50_32x4d_grouped")
+    assert sum(layer.count for layer in grouped) == 16 and {layer.kind for layer in grouped} == {"other"}
     with pytest.raises(FileNotFoundError, match=r"'nope'.*resnet50_v1\.5"):
         conv2d.load_workloads("nope")

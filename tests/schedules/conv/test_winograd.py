@@ -84,6 +84,26 @@ def test_resnet_like_layer_and_threads(m, rng):
     assert op.plan["band_parallel"] == (op.plan["bands"] >= 2) != op.plan["block_parallel"], op.plan
 
 
+def test_one_band_on_two_threads_splits_its_input_transform_too(rng):
+    """One band, two threads: they split the output blocks, and the band's pack and input
+    transform before them split the input blocks (parallel loops, not one thread while the
+    other waits). The result is the one-thread result, bit for bit."""
+    from tvm import s_tir, tirx
+
+    shapes = (1, 48, 14, 14), (32, 48, 3, 3)
+    g = Geometry.of(ConvParams(*shapes, padding=1))
+    mod, plan = winograd.schedule(g, ISAS["avx2"], 2, schedules.PostOps(), schedules.ConvBlocking(), 2, "test")
+    assert plan.bands == 1 and plan.block_parallel
+    sch = s_tir.Schedule(mod)
+    for block in ("pack", "wino_in_o"):
+        kinds = [sch.get(lp).kind for lp in sch.get_loops(sch.get_sblock(block))]
+        assert kinds[1] == tirx.ForKind.PARALLEL, (block, kinds)
+    x, w = (rng.standard_normal(s, dtype=np.float32) for s in shapes)
+    one, two = (schedules.conv2d(*shapes, padding=1, algorithm="winograd", tile=2, target=HOST, threads=t)
+                for t in (1, 2))
+    np.testing.assert_array_equal(two(x, w), one(x, w))
+
+
 @pytest.mark.parametrize("m", sorted(wino.POINTS))
 @pytest.mark.parametrize("threads", [1, 2])
 def test_several_bands_share_their_halo(m, threads, rng):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import tvm
 import tvm_ffi
@@ -119,6 +121,15 @@ class CompiledOp:
             require_host(self.isa)
             self._host_checked = True
         set_threads(self.threads)
+
+    def per_thread_buffer(self, name: str, shape: tuple):
+        """A float32 TVM tensor of `shape` for the NCHW paths' blocked data, one per name and
+        Python thread (ops may be called from several at once), made on first use."""
+        local = self.__dict__.setdefault("_local", threading.local())
+        buffers = local.__dict__.setdefault("buffers", {})
+        if name not in buffers:
+            buffers[name] = tvm.runtime.empty(shape, "float32")
+        return buffers[name]
 
     @property
     def asm(self) -> str:

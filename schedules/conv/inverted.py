@@ -29,6 +29,7 @@ kernels, each output's reduction in the same order; the tests compare them bit f
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -43,7 +44,7 @@ from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
 
 from ..common import layouts
-from ..common.compiled import CompiledOp, check_operand, check_out
+from ..common.compiled import CompiledOp, check_operand, check_out, user_operand
 from ..common.targets import (
     check_array,
     check_elements,
@@ -340,7 +341,9 @@ class InvertedResidualOp(CompiledOp):
 
     Blocked fast path: `we, wd = op.pack_weights(w_expand, w_dw)`, `be, bd = op.pack_bias(b_expand, b_dw)`,
     then `op.run_blocked(x_nchw16c, we, wd, be, bd)` (a bias the op was built without is None).
-    `op(x, w_expand, w_dw, b_expand, b_dw)` does the same on NCHW arrays.
+    NCHW arrays: `f = op.bind(w_expand, w_dw, b_expand, b_dw)` packs once, then `f(x)` per call
+    (compiled layout transforms around the block); `op(x, w_expand, w_dw, b_expand, b_dw)` packs
+    on every call.
     """
 
     def __init__(self, lay: Layer, isa: Isa, mod: tvm.IRModule, plan: InvertedPlan, threads: int | None,
@@ -396,11 +399,27 @@ class InvertedResidualOp(CompiledOp):
         """NCHW16c in, NCHW16c out; weights and biases as pack_weights/pack_bias return them."""
         return self._run(self._args(data_b, expand_weight, dw_weight, expand_bias, dw_bias, out))
 
-    def __call__(self, data, expand_weight, dw_weight, expand_bias=None, dw_bias=None):
-        """NCHW data, OIHW weights, biases (E,); returns NCHW (the layout transforms and packing
-        are numpy's here, not compiled code: the fast path is run_blocked)."""
-        packed = self.pack_weights(expand_weight, dw_weight) + self.pack_bias(expand_bias, dw_bias)
-        return self.from_blocked(np.asarray(self.run_blocked(self.to_blocked(data), *packed)))
+    def __call__(self, data, expand_weight, dw_weight, expand_bias=None, dw_bias=None, out=None):
+        """NCHW data, OIHW weights, biases (E,); returns NCHW. Packs the weights on every call:
+        `bind` packs them once."""
+        return self.bind(expand_weight, dw_weight, expand_bias, dw_bias)(data, out)
+
+    def bind(self, expand_weight, dw_weight, expand_bias=None, dw_bias=None) -> "BoundInvertedResidual":
+        """Pack the weights (and biases) once; the result is f(x NCHW, out=None)."""
+        return BoundInvertedResidual(self, expand_weight, dw_weight, expand_bias, dw_bias)
+
+    @functools.cached_property
+    def transforms(self) -> dict:
+        """The NCHW path's layout transforms, compiled (on first use): NCHW -> NCHW16c of the
+        input, and the expanded output back to NCHW."""
+        g = self.layer.expand
+        return {"to_blocked": layouts.compile_to_nchwc((g.n, g.c, g.h, g.w), BLOCK, 1, self.isa),
+                "from_blocked": layouts.compile_from_nchwc(self.blocked_out_shape, g.o, 1, self.isa)}
+
+    def scratch(self, name: str):
+        """The blocked input or output buffer ("data", "out") of the NCHW path, one per Python
+        thread, made on first use."""
+        return self.per_thread_buffer(name, {"data": self.blocked_data_shape, "out": self.blocked_out_shape}[name])
 
     def time(self, data_b, expand_weight, dw_weight, expand_bias=None, dw_bias=None, number=10, repeat=5,
              cold=False) -> list[float]:
@@ -408,6 +427,46 @@ class InvertedResidualOp(CompiledOp):
         each repeat, so use number=1)."""
         return self._time(self._args(data_b, expand_weight, dw_weight, expand_bias, dw_bias, None), number, repeat,
                           cold)
+
+
+class BoundInvertedResidual:
+    """The fused block with its weights and biases packed once, as TVM tensors: call it on NCHW
+    arrays. Per call: the compiled input transform, the block, the compiled output transform,
+    through blocked buffers the op keeps per Python thread (a fresh output unless `out`)."""
+
+    def __init__(self, op: InvertedResidualOp, expand_weight, dw_weight, expand_bias=None, dw_bias=None):
+        host = lambda a: a.numpy() if isinstance(a, tvm.runtime.Tensor) else a  # noqa: E731
+        packed = op.pack_weights(host(expand_weight), host(dw_weight)) + op.pack_bias(
+            None if expand_bias is None else host(expand_bias), None if dw_bias is None else host(dw_bias))
+        op._args(np.zeros(op.blocked_data_shape, np.float32), *packed, None)  # refuses a bias the op lacks
+        self.op, self.packed = op, packed
+        self.tensors = [tvm.runtime.tensor(a) for a in packed if a is not None]
+        g = op.layer.expand
+        self._in_shape = (g.n, g.c, g.h, g.w)
+        self._out_shape = (g.n, g.o, *op.blocked_out_shape[2:4])
+
+    def __call__(self, data, out=None):
+        op = self.op
+        check_operand("data", data, self._in_shape, "float32")
+        if op.emulate:  # the emulator runs the block; the transforms are numpy's
+            y = op.from_blocked(np.asarray(op.run_blocked(op.to_blocked(data), *self.packed)))
+            if out is None:
+                return y
+            check_operand("out", out, self._out_shape, "float32")
+            check_out(out)
+            out[...] = y
+            return out
+        if out is None:
+            out = np.empty(self._out_shape, np.float32)
+        else:
+            check_operand("out", out, self._out_shape, "float32")
+            check_out(out)  # overlap is fine: the input is read into a blocked buffer first
+        op.prepare()
+        xb, yb = op.scratch("data"), op.scratch("out")
+        op.transforms["to_blocked"](user_operand(data), xb)
+        op.entry()(xb, *self.tensors, yb)
+        op.transforms["from_blocked"](yb, user_operand(out))
+        return out
 
 
 def inverted_residual(data_shape, expand_weight_shape, dw_weight_shape, stride=1, expand_post: PostOps = NO_POST_OPS,

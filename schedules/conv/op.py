@@ -5,7 +5,6 @@ is a Conv2dOp, or a subclass that changes its blocked shapes and weight packing.
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,13 +143,9 @@ class Conv2dOp(CompiledOp):
     def scratch(self, name: str):
         """A blocked buffer of the NCHW paths ("data", "out", "residual", "weight"), one per
         Python thread (ops may be called from several at once), made on first use."""
-        local = self.__dict__.setdefault("_local", threading.local())
-        buffers = local.__dict__.setdefault("buffers", {})
-        if name not in buffers:
-            shape = {"data": self.blocked_data_shape, "out": self.blocked_out_shape,
-                     "residual": self.blocked_out_shape, "weight": self.blocked_weight_shape}[name]
-            buffers[name] = tvm.runtime.empty(shape, "float32")
-        return buffers[name]
+        shape = {"data": self.blocked_data_shape, "out": self.blocked_out_shape,
+                 "residual": self.blocked_out_shape, "weight": self.blocked_weight_shape}[name]
+        return self.per_thread_buffer(name, shape)
 
     @functools.cached_property
     def transforms(self) -> dict:

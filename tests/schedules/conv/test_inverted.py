@@ -149,6 +149,37 @@ def test_a_call_must_pass_the_biases_it_was_built_for():
     with pytest.raises(ValueError, match="without dw_bias"):
         op.pack_bias(b, b)
 
+    with pytest.raises(ValueError, match="with expand_bias"):
+        op.bind(np.zeros((32, 16, 1, 1), np.float32), np.zeros((32, 1, 3, 3), np.float32))
+
+
+@pytest.mark.parametrize("shape, stride", [((1, 24, 15, 13), 2), ((2, 16, 9, 9), 1)])
+def test_bound_block_runs_nchw_arrays_through_compiled_transforms(shape, stride):
+    """bind packs once; each call converts NCHW -> NCHW16c and back with compiled code around the
+    block: the same output as run_blocked between numpy's transforms, bit for bit, call after
+    call, into `out` and from an input that is not 64-byte aligned; E = 72 pads to five blocks, whose
+    padding lanes must not reach the NCHW output."""
+    n, c, h, w = shape
+    e = 72
+    post = PostOps(bias=True, activation="clip")
+    op = inverted_residual(shape, (e, c, 1, 1), (e, 1, 3, 3), stride, post, post, target=HOST)
+    rng = np.random.default_rng(5)
+    we, wd = rng.standard_normal((e, c, 1, 1), dtype=np.float32), rng.standard_normal((e, 1, 3, 3), dtype=np.float32)
+    be, bd = rng.standard_normal(e, dtype=np.float32), rng.standard_normal(e, dtype=np.float32)
+    f = op.bind(we, wd, be, bd)
+    packed = op.pack_weights(we, wd) + op.pack_bias(be, bd)
+    for _ in range(2):
+        x = rng.standard_normal(shape, dtype=np.float32)
+        want = op.from_blocked(np.asarray(op.run_blocked(op.to_blocked(x), *packed)))
+        got = f(x)
+        np.testing.assert_array_equal(got, want)
+        assert got.shape == (n, e, *op.blocked_out_shape[2:4])
+    unaligned = np.empty(x.size + 1, np.float32)[1:].reshape(shape)  # 4 bytes past an aligned start
+    unaligned[...] = x
+    out = np.full(want.shape, np.nan, np.float32)
+    assert f(unaligned, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(op(x, we, wd, be, bd), want)
 
 def test_fusing_pays_only_where_the_expanded_map_would_leave_l2():
     """inverted_pays: more than half of L2 for the expanded map (n * E * H * W floats)."""

@@ -15,6 +15,8 @@ import dataclasses
 import functools
 import os
 
+import numpy as np
+
 from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
@@ -36,7 +38,8 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
            target="native", algorithm="auto", **options):
     """Compile a conv2d for NCHW data of `data_shape` and OIHW weights of `weight_shape`.
 
-    stride, dilation: int or (h, w). padding: int, (h, w) or (top, left, bottom, right).
+    stride, dilation: int or (h, w) (or (v,)). padding: int, (h, w), (top, left, bottom, right),
+    "valid" or "same" (PyTorch's split: an odd total pads the bottom/right more; stride 1 only).
     target: "x86-avx512", "x86-avx2" or "native" (float32), or "armv7-neon", "aarch64-neon",
     "aarch64-dotprod" (quantized: dtype "int8"/"uint8", int32 output of
     sum (x - input_zero_point) * (w - weight_zero_point); weight_dtype defaults to "int8";
@@ -52,10 +55,32 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     residual=); input_zero_point, weight_zero_point, weight_dtype (ARM, Quantization);
     emulate (x86): calls run on the Bochs CPU, one thread: AVX-512 numerics on a host without it.
     Returns a Conv2dOp (x86; a WinogradConv2dOp for Winograd) or an Int8Conv2dOp (ARM):
-    op(data, weight) -> NCHW output.
+    op(data, weight) -> NCHW output. As F.conv2d, x86 float32 also takes unbatched data_shape
+    (C, H, W) (op takes and returns (C, H, W) / (O, OH, OW) arrays) and a batch of 0 (an empty
+    output, no kernel call); its blocked path (run_blocked) works on one image then.
     """
-    return schedule_args(data_shape, weight_shape, stride, padding, dilation, groups, dtype, target, algorithm,
-                         **options).build()
+    planned, batch = user_batch(data_shape)
+    s = schedule_args(planned, weight_shape, stride, padding, dilation, groups, dtype, target, algorithm, **options)
+    if batch != planned[0] and not isinstance(s, Scheduled):
+        raise ValueError(f"data_shape {tuple(data_shape)}: unbatched input and a batch of 0 are taken by the x86 "
+                         "float32 conv2d; give the ARM targets (N, C, H, W) with N >= 1")
+    op = s.build()
+    op.user_batch = batch
+    return op
+
+
+def user_batch(data_shape) -> tuple:
+    """(the NCHW shape to plan for, the batch the NCHW paths take): F.conv2d's unbatched
+    (C, H, W) input is planned as one image, batch None; a batch of 0 is planned as one image and
+    runs no kernel. Anything else is passed on as it is, for ConvParams to check."""
+    if not isinstance(data_shape, (tuple, list)) or len(data_shape) not in (3, 4):
+        raise ValueError(f"data_shape must be (N, C, H, W) or, unbatched, (C, H, W), got {data_shape!r}")
+    if len(data_shape) == 3:
+        return (1, *data_shape), None
+    if isinstance(data_shape[0], (int, np.integer)) and not isinstance(data_shape[0], (bool, np.bool_)) \
+            and data_shape[0] == 0:
+        return (1, *data_shape[1:]), 0
+    return data_shape, data_shape[0]
 
 
 def schedule_args(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",

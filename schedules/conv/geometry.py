@@ -19,30 +19,46 @@ from ..common.tir import ceil_div
 
 
 def _pair(name: str, v, allow_zero: bool = False) -> tuple[int, int]:
+    """An int, or a tuple of one or two ints (PyTorch's `stride=(2,)`), as (h, w)."""
     vals = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+    if len(vals) == 1:
+        vals = vals * 2
     if len(vals) != 2:
-        raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+        raise ValueError(f"{name} must be an int or a tuple of one or two ints, got {v!r}")
     lo = 0 if allow_zero else 1
     for x in vals:
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-            raise TypeError(f"{name} must hold ints, got {v!r}")
+            raise TypeError(f"{name} must be an int or a tuple of one or two ints, got {v!r}")
         if x < lo:
             raise ValueError(f"{name} must be >= {lo}, got {v!r}")
     return int(vals[0]), int(vals[1])
 
 
-def _padding(p) -> tuple[int, int, int, int]:
-    """int, (h, w) or (top, left, bottom, right) -> (top, left, bottom, right)."""
-    if isinstance(p, (tuple, list)) and len(p) not in (2, 4):
-        raise ValueError(f"padding must be an int, a pair or (top, left, bottom, right), got {p!r}")
-    if isinstance(p, (tuple, list)) and len(p) == 4:
-        vals = tuple(p)
+PADDING_FORMS = "an int, (h, w), (top, left, bottom, right), 'same' or 'valid'"
+
+
+def _padding(p, kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int, int, int]:
+    """int, (p,), (h, w), (top, left, bottom, right), "valid" or "same" -> (top, left, bottom,
+    right). "same" pads dilation * (k - 1) per axis as PyTorch does, the odd one at the bottom
+    and right, and like PyTorch only at stride 1 (a strided output cannot have the input's size)."""
+    if isinstance(p, str):
+        if p == "valid":
+            return (0, 0, 0, 0)
+        if p != "same":
+            raise ValueError(f"padding must be {PADDING_FORMS}, got {p!r}")
+        if stride != (1, 1):
+            raise ValueError(f"padding='same' needs stride 1, as in PyTorch; got stride {stride}: give the padding as ints")
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return (total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2)
+    if isinstance(p, (tuple, list)):
+        if len(p) not in (1, 2, 4):
+            raise ValueError(f"padding must be {PADDING_FORMS}, got {p!r}")
+        vals = tuple(p) * 4 if len(p) == 1 else (p[0], p[1], p[0], p[1]) if len(p) == 2 else tuple(p)
     else:
-        h, w = _pair("padding", p, allow_zero=True)
-        vals = (h, w, h, w)
+        vals = (p,) * 4
     for x in vals:
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-            raise TypeError(f"padding must hold ints, got {p!r}")
+            raise TypeError(f"padding must be {PADDING_FORMS}, got {p!r}")
         if x < 0:
             raise ValueError(f"padding must be >= 0, got {p!r}")
     return tuple(int(x) for x in vals)
@@ -72,8 +88,8 @@ def block_diagonal(channels: int, out_channels: int, groups: int, block: int) ->
 @dataclass(frozen=True)
 class ConvParams:
     """One conv2d layer as the user gives it: NCHW data and OIHW weight shapes, stride and
-    dilation (an int or (h, w)), padding (an int, (h, w) or (top, left, bottom, right)) and
-    groups; checked and normalized on construction (shapes and stride/dilation tuples, padding
+    dilation (an int or (h, w), a 1-tuple as PyTorch allows), padding (an int, (h, w), (top,
+    left, bottom, right), "same" or "valid", as F.conv2d takes them) and groups; checked and normalized on construction (shapes and stride/dilation tuples, padding
     (top, left, bottom, right), groups an int). Whether they fit together is geometry()'s
     check, which knows the blocked layouts."""
 
@@ -90,7 +106,7 @@ class ConvParams:
         set_("weight_shape", _shape("weight_shape", self.weight_shape, 4))
         set_("stride", _pair("stride", self.stride))
         set_("dilation", _pair("dilation", self.dilation))
-        set_("padding", _padding(self.padding))
+        set_("padding", _padding(self.padding, self.weight_shape[2:], self.stride, self.dilation))
         set_("groups", positive_int("groups", self.groups))
 
 

@@ -31,6 +31,9 @@ class Conv2dOp(CompiledOp):
                  emulate: bool = False):
         super().__init__(isa, lib, threads, emulate)
         self.geometry, self.plan, self.post = geometry, plan, post
+        # The batch of the NCHW paths as the user declared it: None for unbatched (C, H, W)
+        # input, 0 for an empty batch (conv2d plans both for one image).
+        self.user_batch: int | None = geometry.n
 
     @property
     def layer(self) -> Geometry:
@@ -179,6 +182,8 @@ class BoundConv2d:
         g = op.layer
         self.op = op
         self._in_shape, self._out_shape = (g.n, g.c, g.h, g.w), (g.n, g.o, *g.out_hw)
+        lead = () if op.user_batch is None else (op.user_batch,)
+        self._user_shapes = (*lead, g.c, g.h, g.w), (*lead, g.o, *g.out_hw)
         if op.emulate:
             self.weight = op.pack_weights(weight)
             self.bias = None if bias is None else op.pack_bias(bias)
@@ -196,6 +201,11 @@ class BoundConv2d:
         self.bias = None if bias is None else tvm.runtime.tensor(op.pack_bias(bias))
 
     def __call__(self, data, residual=None, out=None):
+        if self.op.user_batch != self.op.layer.n:
+            return self._user_form(data, residual, out)
+        return self._planned(data, residual, out)
+
+    def _planned(self, data, residual, out):
         op = self.op
         check_operand("data", data, self._in_shape, "float32")
         op.check_post(self.bias is not None, residual is not None)
@@ -223,6 +233,26 @@ class BoundConv2d:
         t["from_blocked"](yb, user_operand(out))
         return out
 
+
+    def _user_form(self, data, residual, out):
+        """Unbatched (C, H, W) arrays, or a batch of 0 (an empty output, no kernel call), as
+        F.conv2d takes them: numpy views of one image around the planned call."""
+        (in_shape, out_shape), op = self._user_shapes, self.op
+        for name, arr in (("data", data), ("residual", residual), ("out", out)):
+            if arr is not None and not isinstance(arr, np.ndarray):
+                raise TypeError(f"{name} must be a numpy.ndarray for {'unbatched' if op.user_batch is None else 'empty'}"
+                                f" input, got {type(arr).__name__}")
+        check_operand("data", data, in_shape, "float32")
+        op.check_post(self.bias is not None, residual is not None)
+        if residual is not None:
+            check_operand("residual", residual, out_shape, "float32")
+        if out is not None:
+            check_operand("out", out, out_shape, "float32")
+        if op.user_batch == 0:
+            return np.empty(out_shape, np.float32) if out is None else out
+        one = lambda a: None if a is None else a.reshape(1, *a.shape)  # noqa: E731  (views: checked contiguous)
+        y = self._planned(one(data), one(residual), one(out))
+        return y.reshape(out_shape) if out is None else out
 
 def _store(out, y):
     check_operand("out", out, y.shape, "float32")

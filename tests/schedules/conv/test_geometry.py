@@ -22,9 +22,9 @@ def test_conv_params_normalize_what_users_write():
 
 @pytest.mark.parametrize("kwargs, exc, msg", [
     (dict(stride=0), ValueError, "stride must be >= 1"),
-    (dict(dilation=(1, 2, 3)), ValueError, "dilation must be an int or a pair"),
+    (dict(dilation=(1, 2, 3)), ValueError, "dilation must be an int or a tuple of one or two ints"),
     (dict(padding=-1), ValueError, "padding must be >= 0"),
-    (dict(padding=(1, 2, 3)), ValueError, "padding must be an int, a pair or"),
+    (dict(padding=(1, 2, 3)), ValueError, r"padding must be an int, \(h, w\), \(top, left, bottom, right\)"),
     (dict(groups=True), TypeError, "groups must be an int"),
     (dict(data_shape=(1, 4, 8)), ValueError, "data_shape must be a tuple of 4 ints"),
     (dict(weight_shape=(4, 4, 3, 0)), ValueError, r"weight_shape\[3\] must be >= 1"),

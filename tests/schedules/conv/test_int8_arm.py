@@ -409,9 +409,9 @@ def test_zero_points_on_x86_are_refused(kwargs):
 
 @pytest.mark.parametrize("kwargs,exc,fragment", [
     (dict(stride=0), ValueError, "stride must be >= 1"),
-    (dict(stride=1.0), TypeError, "stride must hold ints"),
+    (dict(stride=1.0), TypeError, "stride must be an int or a tuple of one or two ints"),
     (dict(groups=3), ValueError, "groups=3 must divide both"),
-    (dict(padding=(1, 2, 3)), ValueError, "padding must be an int, a pair or"),
+    (dict(padding=(1, 2, 3)), ValueError, r"padding must be an int, \(h, w\), \(top, left, bottom, right\)"),
     (dict(dilation=4), ValueError, r"the \(dilated\) kernel 9x9 is larger than the padded input"),
 ])
 def test_bad_geometry_is_refused(kwargs, exc, fragment):

@@ -26,7 +26,12 @@ class UnsupportedHostError(RuntimeError):
 
 
 def resolve(target) -> Isa:
-    """Map a preset name ("x86-avx512", "x86-avx2", or "native" for the best this host runs)."""
+    """Map a preset name ("x86-avx512", "x86-avx2", or "native" for the best this host runs), or
+    a tvm.target.Target (isa_of_target), to its ISA."""
+    import tvm
+
+    if isinstance(target, tvm.target.Target):
+        return isa_of_target(target)
     if target == "native":
         return best_host_isa()
     if isinstance(target, str) and target in PRESETS:
@@ -37,7 +42,37 @@ def resolve(target) -> Isa:
         hint = " (TVM 0.27 no longer parses target strings such as 'llvm -mcpu=...'; pick a preset)"
     elif isinstance(target, dict):
         hint = " (target dicts are chosen for you by the preset)"
-    raise ValueError(f"unknown target {target!r}{hint}; expected one of {sorted(PRESETS)} or 'native'")
+    raise ValueError(f"unknown target {target!r}{hint}; expected one of {sorted(PRESETS)}, 'native' or a "
+                     "tvm.target.Target")
+
+
+def isa_of_target(target) -> Isa:
+    """The ISA a TVM CPU target allows, by what LLVM says its mcpu and mattr enable: AVX-512
+    (avx512f + fma), else AVX2 (avx2 + fma) on x86; armv7 NEON; AArch64, with dotprod where the
+    CPU has it. An x86 target that names no CPU and no features (Target({"kind": "llvm"})) means
+    this host, as "native" does."""
+    from tvm.target import codegen
+
+    if target.kind.name != "llvm":
+        raise ValueError(f"target {target} is not a CPU target (kind 'llvm'); expected a preset "
+                         f"{sorted(PRESETS)}, 'native' or an llvm tvm.target.Target")
+    triple = str(target.attrs.get("mtriple", "") or "")
+    has = lambda *features: bool(codegen.target_has_features(list(features), target))  # noqa: E731
+    if triple.startswith(("armv7", "arm-")):
+        if not has("neon"):
+            raise ValueError(f"target {target}: the ARMv7 kernels need NEON (mattr '+neon')")
+        return ARM_ISAS["neon"]
+    if triple.startswith(("aarch64", "arm64")):
+        return ARM_ISAS["aarch64dot" if has("dotprod") else "aarch64"]
+    if triple and not triple.startswith(("x86_64", "i686", "i386")):
+        raise ValueError(f"target {target}: no kernels for triple {triple!r}; x86, armv7 and aarch64 have them")
+    if not target.attrs.get("mcpu") and not target.attrs.get("mattr"):
+        return best_host_isa()
+    if has("avx512f", "fma"):
+        return ISAS["avx512"]
+    if has("avx2", "fma"):
+        return ISAS["avx2"]
+    raise ValueError(f"target {target}: its CPU has neither AVX-512 nor AVX2 with FMA, which the x86 kernels need")
 
 
 def require_host(isa: Isa) -> None:

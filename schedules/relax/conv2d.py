@@ -570,7 +570,11 @@ def optimize(mod: tvm.IRModule, target="native", params: dict | None = None, alg
 
 
 def llvm_target(target="native") -> tvm.target.Target:
-    """The Target a Relax build wants (an object, not the dict a PrimFunc build takes)."""
+    """The Target a Relax build wants (an object, not the dict a PrimFunc build takes): the
+    user's own when they pass one (its mcpu tunes the rest of the model), else the preset's."""
+    if isinstance(target, tvm.target.Target):
+        resolve(target)  # refuses a target no kernel family serves
+        return target
     return tvm.target.Target(resolve(target).target)
 
 

@@ -30,6 +30,34 @@ def test_unknown_targets_name_the_presets(target, msg):
     assert "x86-avx2" in str(e.value) and "'native'" in str(e.value)
 
 
+
+@pytest.mark.parametrize("target, isa", [
+    ({"kind": "llvm", "mcpu": "znver4"}, ISAS["avx512"]), ({"kind": "llvm", "mcpu": "skylake-avx512"}, ISAS["avx512"]),
+    ({"kind": "llvm", "mcpu": "haswell"}, ISAS["avx2"]), ({"kind": "llvm", "mcpu": "znver3"}, ISAS["avx2"]),
+    ({"kind": "llvm", "mcpu": "haswell", "mattr": ["+avx512f"]}, ISAS["avx512"]),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a55"}, ARM_ISAS["aarch64dot"]),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a53"}, ARM_ISAS["aarch64"]),
+    ({"kind": "llvm", "mtriple": "armv7l-linux-gnueabihf", "mattr": ["+neon"]}, ARM_ISAS["neon"]),
+])
+def test_tvm_targets_map_to_the_isa_their_cpu_allows(target, isa):
+    """What TVM users hold: a tvm.target.Target, read through LLVM's feature list of its mcpu/mattr."""
+    import tvm
+
+    assert targets.resolve(tvm.target.Target(target)) is isa
+
+
+def test_tvm_targets_no_kernel_serves_are_refused_by_name(monkeypatch):
+    import tvm
+
+    for target, msg in (({"kind": "llvm", "mcpu": "core2"}, "neither AVX-512 nor AVX2 with FMA"),
+                        ({"kind": "c"}, "not a CPU target"),
+                        ({"kind": "llvm", "mtriple": "riscv64-linux-gnu"}, "no kernels for triple 'riscv64")):
+        with pytest.raises(ValueError, match=msg):
+            targets.resolve(tvm.target.Target(target))
+    # No CPU, no features: this host, as "native".
+    monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert targets.resolve(tvm.target.Target({"kind": "llvm"})) is ISAS["avx2"]
+
 def test_native_picks_the_widest_isa_the_host_runs(monkeypatch):
     monkeypatch.setattr(microkernels.isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert targets.resolve("native") is ISAS["avx2"]

@@ -91,6 +91,19 @@ def test_small_resnet_matches_tvm_and_runs_every_conv_on_our_kernels(small):
     assert len(set(names)) < len(names) and len(set(opt.get_global_vars())) == len(set(names)) + 1
 
 
+
+def test_a_tvm_target_object_builds_for_its_own_cpu(small):
+    """TVM users hold a tvm.target.Target: build() takes it, picks the ISA its CPU allows and
+    compiles the model for that Target itself."""
+    mod, _, x = small
+    target = tvm.target.Target({"kind": "llvm", "mcpu": {"avx512": "znver4", "avx2": "haswell"}[best_host_isa().name]})
+    assert mkrelax.llvm_target(target) is target
+    report = []
+    ex = mkrelax.build(mod, target, report=report)
+    convs = [r for r in report if r["op"] == "conv2d"]
+    assert convs and all(r["runs_on"] == "ours" for r in convs), report
+    close(run(ex, x, compiled=True), run(mod, x))
+
 def test_fusion_leaves_no_elementwise_op_over_a_conv_output(small):
     mod, _, x = small
     opt = mkrelax.optimize(mod, HOST, lower=False)

@@ -564,9 +564,39 @@ def optimize(mod: tvm.IRModule, target="native", params: dict | None = None, alg
     """The module doc's steps on `mod`; `params` maps "main"'s parameter names to numpy or TVM
     arrays. `report`, when given a list, receives one dict per conv2d (where it runs, why)."""
     if params:
-        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(np.asarray(v, np.float32))
-                                                  if isinstance(v, np.ndarray) else v for k, v in params.items()})(mod)
+        mod = relax.transform.BindParams("main", checked_params(mod, params))(mod)
     return optimize_pass(target, algorithm, threads, fuse, report, lower)(mod)
+
+
+def checked_params(mod: tvm.IRModule, params: dict) -> dict:
+    """`params` as TVM tensors, each checked against main's parameter of that name: it must
+    exist, and a numpy array or TVM tensor must have its dtype and shape (a symbolic dimension
+    takes any size). Lists and scalars take the declared dtype. TVM's BindParams would fail on
+    a wrong name with an internal check, and bind a wrong shape silently."""
+    sig = {p.name: p.ty for p in mod["main"].params}
+    unknown = sorted(set(params) - set(sig))
+    if unknown:
+        raise ValueError(f"params {unknown} name no parameter of main; its parameters are {sorted(sig)}")
+    out = {}
+    for name, v in params.items():
+        want = sig[name]
+        if not isinstance(want, relax.TensorType):
+            raise ValueError(f"params[{name!r}]: main's {name} is not a tensor ({want}), so it cannot be bound")
+        if isinstance(v, tvm.runtime.Tensor):
+            arr_dtype, arr_shape = str(v.dtype), tuple(v.shape)
+        else:
+            v = v if isinstance(v, np.ndarray) else np.asarray(v, str(want.dtype))
+            arr_dtype, arr_shape = str(v.dtype), v.shape
+        if arr_dtype != str(want.dtype):
+            raise ValueError(f"params[{name!r}] has dtype {arr_dtype}, main's {name} is {want.dtype}")
+        dims = [d.value if isinstance(d, tvm.tirx.IntImm) else None for d in getattr(want.shape, "values", want.shape)] \
+            if want.shape is not None else None
+        if dims is not None and (len(dims) != len(arr_shape)
+                                 or any(d is not None and d != a for d, a in zip(dims, arr_shape))):
+            shown = "(" + ", ".join("?" if d is None else str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+            raise ValueError(f"params[{name!r}] has shape {arr_shape}, main's {name} is {shown}")
+        out[name] = v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(v))
+    return out
 
 
 def llvm_target(target="native") -> tvm.target.Target:

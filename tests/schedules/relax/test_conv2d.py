@@ -273,6 +273,41 @@ def test_refusals():
         mkrelax.optimize_pass(HOST, algorithm="winograd")
 
 
+
+def _conv_with_weight_param():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 16, 3, 3), "float32"))
+    n = tvm.tirx.Var("n", "int64")
+    b = relax.Var("b", relax.TensorType((n,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, w, padding=1)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("params, msg", [
+    ({"weight": np.zeros((16, 16, 3, 3), np.float32)}, r"params \['weight'\] name no parameter of main; its parameters are \['b', 'w', 'x'\]"),
+    ({"w": np.zeros((16, 16, 5, 5), np.float32)}, r"params\['w'\] has shape \(16, 16, 5, 5\), main's w is \(16, 16, 3, 3\)"),
+    ({"w": np.zeros((16, 16, 3, 3))}, r"params\['w'\] has dtype float64, main's w is float32"),
+    ({"b": np.zeros((2, 3), np.float32)}, r"params\['b'\] has shape \(2, 3\), main's b is \(\?,\)"),
+])
+def test_params_must_name_and_fit_mains_parameters(params, msg):
+    """TVM's BindParams fails on an unknown name with an internal check and binds a 5x5 weight to
+    a 3x3 parameter silently: optimize refuses both, and a dtype that differs, by name."""
+    with pytest.raises(ValueError, match=msg):
+        mkrelax.optimize(_conv_with_weight_param(), HOST, params=params)
+
+
+def test_params_that_fit_are_bound(rng):
+    mod = _conv_with_weight_param()
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    opt = mkrelax.optimize(mod, HOST, params={"w": w, "b": [0.0] * 5}, lower=False)
+    assert [p.name for p in opt["main"].params] == ["x"]
+    x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    assert_conv_close(run(lowered(opt), x), x, w, padding=1)
+
 def test_small_resnet_matches_pytorch_and_the_torch_frontend(small):
     torch = pytest.importorskip("torch", reason="PyTorch is in the test extra; without it this comparison cannot run")
     from tvm.relax.frontend.torch import from_exported_program

@@ -4,10 +4,11 @@
   1. binds `params` (weights given as function inputs become constants) and folds inference
      batch norms into the preceding convs' weights and bias (batchnorm.py; where no conv
      precedes one, into a scale and shift),
-  2. converts the convs to NCHW16c data / OIHW16i16o weights with TVM's ConvertLayout, which
-     carries the elementwise ops between them into the blocked layout and leaves one layout
-     transform at the model's entry and one at its exit; FoldConstant packs the weights then,
-     at compile time, into exactly our weight layout,
+  2. converts the float32 convs with static shapes to NCHW16c data / OIHW16i16o weights with
+     TVM's ConvertLayout, which carries the elementwise ops between them into the blocked
+     layout and leaves one layout transform at the model's entry and one at its exit (every
+     other conv, and ops such as conv2d_transpose, keep their layouts: `_desired_layouts`);
+     FoldConstant packs the weights then, at compile time, into exactly our weight layout,
   3. replaces each conv2d by a `call_tir` of our tensorized PrimFunc (one per distinct layer
      geometry and post-ops, shared by the layers that repeat it), with algorithm="auto"
      (Winograd weights transformed here, once),
@@ -34,11 +35,13 @@ function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies not
     layer whose channels are not whole blocks (MobileNetV2's 24) hands its padded blocked
     output to the next of ours directly when the padding lanes hold zeros;
   - anything else (other grouped convs whose groups are not whole 16-channel blocks,
-    non-float32, weights that are not constants on the NCHW path): TVM's default lowering.
+    non-float32, symbolic shapes, weights that are not constants on the NCHW path): TVM's
+    default lowering, in NCHW, so the model still builds.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -528,7 +531,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
         mod = _fold_batch_norms(mod, report)
         mod = exprs.mutate(mod, _SplitClips(mod))
         mod = tvm.transform.Sequential([
-            relax.transform.ConvertLayout({"relax.nn.conv2d": [f"NCHW{block}c", f"OIHW{block}i{block}o"]}),
+            relax.transform.ConvertLayout({}, layout_cb=functools.partial(_desired_layouts, block=block)),
             relax.transform.Normalize(),
             relax.transform.FoldConstant(),
             # The residual input's own copy of the entry transform is the same expression.
@@ -539,6 +542,20 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
 
     return run
 
+
+def _desired_layouts(call: relax.Call, block: int) -> dict:
+    """ConvertLayout's choice per call: NCHW{block}c for a float32 conv2d with static shapes in
+    NCHW/OIHW, the layouts it has for any other op that names them (a float16 or symbolic-batch
+    conv, conv2d_transpose), so ConvertLayout hands those NCHW data and they stay TVM's to lower
+    (the report says so) instead of meeting a blocked tensor no lowering takes."""
+    name, a = call.op.name, call.attrs
+    if name == "relax.nn.conv2d" and exprs.dtype(call.args[0]) == exprs.dtype(call.args[1]) == "float32" \
+            and exprs.shape(call.args[0]) and exprs.shape(call.args[1]) \
+            and (a.data_layout, a.kernel_layout) == ("NCHW", "OIHW"):
+        return {name: [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
+    if hasattr(a, "data_layout") and hasattr(a, "kernel_layout"):
+        return {name: [a.data_layout, a.kernel_layout]}
+    return {}
 
 def _fold_batch_norms(mod: tvm.IRModule, report: list) -> tvm.IRModule:
     folds: list = []

@@ -308,6 +308,48 @@ def test_params_that_fit_are_bound(rng):
     x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
     assert_conv_close(run(lowered(opt), x), x, w, padding=1)
 
+
+def _model_with(case: str):
+    """Two 3x3 convs around a ReLU, with what the pass does not take in between or instead."""
+    dtype = "float16" if case == "float16" else "float32"
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("n", "int64") if case == "symbolic batch" else 1
+    x = relax.Var("x", relax.TensorType((n, 16, 8, 8), dtype))
+    rng = np.random.default_rng(0)
+    w = lambda *s: relax.const(rng.standard_normal(s).astype(dtype))  # noqa: E731
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w(16, 16, 3, 3), padding=1))
+            if case == "conv2d_transpose":
+                y = bb.emit(relax.op.nn.conv2d_transpose(y, w(16, 16, 3, 3), padding=1))
+            if case == "scalar add":
+                y = bb.emit(relax.op.add(y, relax.const(np.array(1.5, dtype))))
+            y = bb.emit(relax.op.nn.relu(y))
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(y, w(16, 16, 3, 3), padding=1)))
+        bb.emit_func_output(out)
+    return bb.get(), dtype
+
+
+@pytest.mark.parametrize("case, ours, why", [
+    ("symbolic batch", 0, "shapes not static"), ("float16", 0, "dtype float16"),
+    ("conv2d_transpose", 2, None), ("scalar add", 2, None),
+])
+def test_models_the_pass_does_not_expect_still_build_and_match_tvm(case, ours, why):
+    """A conv the pass does not take (float16, a symbolic batch) stays NCHW through ConvertLayout
+    and is TVM's to lower, with the reason in the report; a conv2d_transpose between blocked
+    convs gets NCHW data back. Each used to break the build (CodeGenVM could not emit a
+    blocked conv2d; 'Layouts must have the same size')."""
+    mod, dtype = _model_with(case)
+    report = []
+    ex = mkrelax.build(mod, HOST, report=report)
+    convs = [r for r in report if r["op"] == "conv2d" and "data" in r]
+    assert len(convs) == 2 and sum(r["runs_on"] == "ours" for r in convs) == ours, convs
+    assert why is None or all(why in r["reason"] for r in convs), convs
+    x = np.random.default_rng(1).standard_normal((2 if case == "symbolic batch" else 1, 16, 8, 8)).astype(dtype)
+    ref = tvm.compile(mod, target=mkrelax.llvm_target(HOST))
+    got, want = run(ex, x, compiled=True), run(ref, x, compiled=True)
+    close(got.astype(np.float64), want.astype(np.float64), rtol=1e-2 if dtype == "float16" else RTOL)
+
 def test_small_resnet_matches_pytorch_and_the_torch_frontend(small):
     torch = pytest.importorskip("torch", reason="PyTorch is in the test extra; without it this comparison cannot run")
     from tvm.relax.frontend.torch import from_exported_program

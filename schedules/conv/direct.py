@@ -165,7 +165,7 @@ def _tile_block(g: Geometry, seg: tuple[int, int, int], name: str, phase: ChunkP
     else:
         L.append(f"{b}vo, vyi = T.axis.remap('SS', [o, yi])")
         vo = "vo"
-    if phase.loop:
+    if phase.loop:  # the middle chunks' index: it only places A and B, as vo places C
         L.append(f"{b}vc = T.axis.spatial({phase.loop + 2}, c + 1)")
     # The tile's first column is an iterator of its own, so that splitting the block at
     # `m` leaves the inner bindings exactly the description's (m, not start + m).

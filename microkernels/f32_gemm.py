@@ -216,6 +216,11 @@ def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]
     return out
 
 
+def _declarations(kern: GemmKernel) -> list[str]:
+    """The intrinsics a kernel calls besides the FMA (declared with it)."""
+    return ["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []
+
+
 def _epilogue_params(kern: GemmKernel) -> str:
     """Arguments after the kernel's own: the column-group strides, then the epilogue's."""
     e, grouped = kern.epilogue, bool(kern.col_block)
@@ -335,7 +340,6 @@ def _generate(kern: GemmKernel) -> str:
         "  br i1 %more, label %loop, label %exit, !llvm.loop !0",
         "exit:",
     ]
-    prefetch_decl = ["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []
     tiles = [(i, j) for i in range(mr) for j in range(nv)]
     for i, j in tiles:
         out.append(f"  %res{i}_{j} = phi {vt} [{init(i, j)}, %entry], [%nacc{i}_{j}, %loop]")
@@ -344,7 +348,7 @@ def _generate(kern: GemmKernel) -> str:
         "  ret void",
         "}",
         f"declare {vt} {fma}({vt}, {vt}, {vt})",
-        *prefetch_decl,
+        *_declarations(kern),
         "!0 = distinct !{!0, !1}",
         '!1 = !{!"llvm.loop.unroll.disable"}',
         "",
@@ -424,7 +428,7 @@ def _generate_batched(kern: GemmKernel) -> str:
         "  ret void",
         "}",
         f"declare {vt} @llvm.fma.v{lanes}f32({vt}, {vt}, {vt})",
-        *(["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []),
+        *_declarations(kern),
         "!0 = distinct !{!0, !1}",
         '!1 = !{!"llvm.loop.unroll.disable"}',
         "",

@@ -96,6 +96,16 @@ def check_operand(name: str, arr, shape: tuple, dtype: str):
     return check_array(name, arr, shape, dtype)
 
 
+def store(out, y: np.ndarray):
+    """Write an emulated op's result `y` into the caller's `out` (checked) and return it."""
+    check_operand("out", out, y.shape, "float32")
+    check_out(out)
+    if isinstance(out, tvm.runtime.Tensor):
+        out.copyfrom(y)
+    else:
+        out[...] = y
+    return out
+
 class CompiledOp:
     """emulate=True: calls run on the Bochs CPU (schedules.bochs), single-threaded, whatever
     the host; for AVX-512 numerics on hosts without it. Such an op cannot be timed."""

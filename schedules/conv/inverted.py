@@ -44,12 +44,11 @@ from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
 
 from ..common import layouts
-from ..common.compiled import CompiledOp, check_operand, check_out, user_operand
+from ..common.compiled import CompiledOp, check_operand, check_out, store, user_operand
 from ..common.targets import (
     check_array,
     check_elements,
     check_emulate,
-    host_cache_bytes,
     resolve,
     thread_count,
 )
@@ -178,7 +177,7 @@ def band_budget(blocking: ConvBlocking) -> int:
     host, one thread, MobileNetV2's 112x112 s2 layer: 223 us with 3-row P (22 KB) against 250-260
     with 9 to 113 rows; the 56x56 and 28x28 layers within 3% from 18 KB to 1 MB of P (the halo
     copies of small bands cost about what L1 saves)."""
-    return min(host_cache_bytes(1, 32 * 1024) // 2, blocking.l2 // 16)
+    return min(blocking.l1 // 2, blocking.l2 // 16)
 
 
 def band_rows(lay: Layer, blocking: ConvBlocking) -> int:
@@ -436,9 +435,9 @@ class BoundInvertedResidual:
 
     def __init__(self, op: InvertedResidualOp, expand_weight, dw_weight, expand_bias=None, dw_bias=None):
         host = lambda a: a.numpy() if isinstance(a, tvm.runtime.Tensor) else a  # noqa: E731
+        # pack_bias refuses a bias the op was not built for, and a missing one it was.
         packed = op.pack_weights(host(expand_weight), host(dw_weight)) + op.pack_bias(
             None if expand_bias is None else host(expand_bias), None if dw_bias is None else host(dw_bias))
-        op._args(np.zeros(op.blocked_data_shape, np.float32), *packed, None)  # refuses a bias the op lacks
         self.op, self.packed = op, packed
         self.tensors = [tvm.runtime.tensor(a) for a in packed if a is not None]
         g = op.layer.expand
@@ -450,12 +449,7 @@ class BoundInvertedResidual:
         check_operand("data", data, self._in_shape, "float32")
         if op.emulate:  # the emulator runs the block; the transforms are numpy's
             y = op.from_blocked(np.asarray(op.run_blocked(op.to_blocked(data), *self.packed)))
-            if out is None:
-                return y
-            check_operand("out", out, self._out_shape, "float32")
-            check_out(out)
-            out[...] = y
-            return out
+            return y if out is None else store(out, y)
         if out is None:
             out = np.empty(self._out_shape, np.float32)
         else:

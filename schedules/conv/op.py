@@ -13,7 +13,7 @@ import tvm
 from microkernels import Isa
 
 from ..common import layouts
-from ..common.compiled import CompiledOp, check_operand, check_out, user_operand
+from ..common.compiled import CompiledOp, check_operand, check_out, store, user_operand
 from ..common.targets import check_array
 from .geometry import NO_POST_OPS, Geometry, PostOps
 from .plans import Plan
@@ -215,7 +215,7 @@ class BoundConv2d:
             g = op.geometry
             res = None if residual is None else layouts.to_nchwc(residual, g.block, op.out_groups)
             y = op.from_blocked(op.run_blocked(op.to_blocked(data), self.weight, self.bias, res))
-            return y if out is None else _store(out, y)
+            return y if out is None else store(out, y)
         if out is None:
             out = np.empty(self._out_shape, np.float32)
         else:
@@ -232,7 +232,6 @@ class BoundConv2d:
         op.entry()(*args, yb)
         t["from_blocked"](yb, user_operand(out))
         return out
-
 
     def _user_form(self, data, residual, out):
         """Unbatched (C, H, W) arrays, or a batch of 0 (an empty output, no kernel call), as
@@ -253,15 +252,6 @@ class BoundConv2d:
         one = lambda a: None if a is None else a.reshape(1, *a.shape)  # noqa: E731  (views: checked contiguous)
         y = self._planned(one(data), one(residual), one(out))
         return y.reshape(out_shape) if out is None else out
-
-def _store(out, y):
-    check_operand("out", out, y.shape, "float32")
-    check_out(out)
-    if isinstance(out, tvm.runtime.Tensor):
-        out.copyfrom(y)
-    else:
-        out[...] = y
-    return out
 
 
 @dataclass

@@ -1,9 +1,12 @@
-"""TensorIntrins for one output row of a depthwise convolution on the depthwise kernel.
+"""TensorIntrins for one output row of a depthwise (or narrow-group) convolution on the
+depthwise kernel.
 
 Description, for a row of OW output pixels of one 16-channel block:
     C[x, c] = act(sum over (r, s) of A[r*dh, x*sw + s*dw, c] * B[r, s, c] + Bias[c])
 A is a window of the (band-packed) NCHW16c input: rows, columns, the 16 lanes; B the block's
-KH x KW x 16 weights; C the output row (pixels 16 apart). As for the conv tile, a spatial block
+KH x KW x 16 weights; C the output row (pixels 16 apart). With groups of G channels (the
+kernel's `group`) B is KH x KW x G x 16 and the sum runs over j < G too, reading
+A[..., c // G * G + j]. As for the conv tile, a spatial block
 per output element whose body zeroes it, runs the taps as plain loops and applies the epilogue
 (`templates.element_body`, which the depthwise schedule uses too).
 """
@@ -38,8 +41,8 @@ class DwRow:
         normalize_ints(self, ("ow", "sw", "dh", "dw"), TileError)
         if self.ow < 2:
             raise TileError(f"a depthwise row needs at least 2 pixels to match (a unit loop is dropped), got {self.ow}")
-        if self.kern.taps < 2:
-            raise TileError("a depthwise row must reduce over more than one tap")
+        if not self.reduce_axes():
+            raise TileError("a depthwise row must reduce over more than one tap (or a group's channels)")
 
     @property
     def name(self) -> str:
@@ -52,17 +55,32 @@ class DwRow:
         return (k.kh - 1) * self.dh + 1, (self.ow - 1) * self.sw + (k.kw - 1) * self.dw + 1
 
     def reduce_axes(self) -> list[tuple[str, int]]:
-        return [(n, e) for n, e in (("r", self.kern.kh), ("s", self.kern.kw)) if e > 1]
+        k = self.kern
+        return [(n, e) for n, e in (("r", k.kh), ("s", k.kw), ("j", k.group)) if e > 1]
 
     def a_index(self, x: str, r: str, s: str, c: str) -> str:
-        return f"{r} * {self.dh}, {x} * {self.sw} + {s} * {self.dw}, {c}"
+        return f"{r} * {self.dh}, {x} * {self.sw} + {s} * {self.dw}, {self.lane(c)}"
+
+    @property
+    def b_taps(self) -> tuple[int, ...]:
+        """B's shape per block: the taps, then the group's input channels when G > 1."""
+        k = self.kern
+        return (k.kh, k.kw) + ((k.group,) if k.group > 1 else ())
+
+    def lane(self, c: str) -> str:
+        """The input lane that output lane `c` reads at the group axis j (itself for depthwise)."""
+        g = self.kern.group
+        return c if g == 1 else f"{c} // {g} * {g} + j"
+
+    def b_index(self, r: str, s: str, c: str) -> str:
+        return f"{r}, {s}, " + ("j, " if self.kern.group > 1 else "") + c
 
 
 def _frame(t: DwRow, stride) -> list[str]:
     ah, aw = t.window
     return frame([
         Operand("a", "A", (ah, aw, BLOCK), strides=f"[{stride('sa')}, 16, 1]"),
-        Operand("b", "B", (t.kern.kh, t.kern.kw, BLOCK)),
+        Operand("b", "B", (*t.b_taps, BLOCK)),
         *([Operand("bias", "Bias", (BLOCK,))] if t.kern.epilogue.bias else []),
         # Output pixels of a row are one block (16 floats) apart in NCHW16c.
         Operand("c", "C", (t.ow, BLOCK)),
@@ -85,7 +103,7 @@ def description(t: DwRow) -> str:
         "            with T.sblock('update'):",
         "                vx, vc = T.axis.remap('SS', [x, c])",
     ]
-    lines += element_body("C[vx, vc]", f"A[{t.a_index('vx', r, s, 'vc')}]", f"B[{r}, {s}, vc]", t.reduce_axes(),
+    lines += element_body("C[vx, vc]", f"A[{t.a_index('vx', r, s, 'vc')}]", f"B[{t.b_index(r, s, 'vc')}]", t.reduce_axes(),
                           " " * 16, "Bias[vc]" if ep.bias else None, None, ep.act, t.clip)
     return template(lines)
 
@@ -116,7 +134,7 @@ def row_shapes(t: DwRow) -> tuple[tuple, tuple, tuple, tuple]:
     """Shapes of row_function's A, B, Bias and C."""
     ah, aw = t.window
     (ay, ax), (cy, cx) = ROW_A_AT, ROW_C_AT
-    return ((ah + ay + 1, aw + ax + 1, BLOCK), (ROW_BLOCK + 1, t.kern.kh, t.kern.kw, BLOCK), (ROW_BLOCK + 1, BLOCK),
+    return ((ah + ay + 1, aw + ax + 1, BLOCK), (ROW_BLOCK + 1, *t.b_taps, BLOCK), (ROW_BLOCK + 1, BLOCK),
             (cy + 2, t.ow + cx, BLOCK))
 
 
@@ -136,8 +154,8 @@ def row_function(t: DwRow):
     lines = ["@T.prim_func(s_tir=True)", f"def main({params}):", "    T.func_attr({'tirx.noalias': True})",
              f"    for x, c in T.grid({t.ow}, {BLOCK}):", "        with T.sblock('row'):",
              "            vx, vc = T.axis.remap('SS', [x, c])"]
-    lines += element_body(f"C[{cy}, vx + {cx}, vc]", f"A[{ay} + {r} * {t.dh}, {ax} + vx * {t.sw} + {s} * {t.dw}, vc]",
-                          f"B[{blk}, {r}, {s}, vc]", red, " " * 12, f"Bias[{blk}, vc]" if ep.bias else None, None,
+    lines += element_body(f"C[{cy}, vx + {cx}, vc]", f"A[{ay} + {r} * {t.dh}, {ax} + vx * {t.sw} + {s} * {t.dw}, {t.lane('vc')}]",
+                          f"B[{blk}, {t.b_index(r, s, 'vc')}]", red, " " * 12, f"Bias[{blk}, vc]" if ep.bias else None, None,
                           ep.act, t.clip)
     sch = s_tir.Schedule(parser.parse("\n".join(lines) + "\n", extra_vars={"T": T}))
     sch.tensorize(sch.get_loops(sch.get_sblock("row"))[0], register_dw(t))

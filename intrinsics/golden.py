@@ -46,10 +46,12 @@ def cases() -> list:
 
 def dw_cases() -> list[DwRow]:
     """Per x86 ISA: the 3x3 and 5x5 depthwise rows at their default steps (19 pixels, stride 1),
-    and a 3x3 stride-2 row with bias and ReLU6 (MobileNet's)."""
-    return [DwRow(DwKernel(isa, k, k, default_mr(isa, k, k, ep), ep), 19, sw)
-            for isa in ISAS.values() for k, sw, ep in ((3, 1, NO_EPILOGUE), (5, 1, NO_EPILOGUE),
-                                                        (3, 2, Epilogue(True, False, "clip")))]
+    a 3x3 stride-2 row with bias and ReLU6 (MobileNet's); ResNeXt's grouped rows, 4 channels
+    per group at stride 1 and 8 at stride 2 with bias and ReLU."""
+    relu6, relu = Epilogue(True, False, "clip"), Epilogue(True, False, "relu")
+    return [DwRow(DwKernel(isa, k, k, default_mr(isa, k, k, ep, g), ep, g), 19, sw)
+            for isa in ISAS.values() for k, sw, ep, g in ((3, 1, NO_EPILOGUE, 1), (5, 1, NO_EPILOGUE, 1),
+                                                           (3, 2, relu6, 1), (3, 1, NO_EPILOGUE, 4), (3, 2, relu, 8))]
 
 
 def wino_cases() -> list[WinoKernel]:

@@ -21,6 +21,20 @@ def test_names_say_everything():
     kern = DwKernel(AVX2, 3, 5, 4, Epilogue(bias=True, act="clip"))
     assert kern.name == "mk_f32_dwconv_3x5_4x16_avx2_bias_clip"
     assert kern.halves == 2 and DwKernel(AVX512, 3, 3, 8).halves == 1
+    assert DwKernel(AVX512, 3, 3, 8, group=4).name == "mk_f32_gconv4_3x3_8x16_avx512"
+
+
+@pytest.mark.parametrize("isa", [AVX512, AVX2])
+@pytest.mark.parametrize("group", [2, 4, 8])
+def test_grouped_steps(isa, group):
+    """The grouped kernel's step comes from GROUP_MR, never holds its taps in registers, and
+    its MR accumulators and MR inputs fit the register file with room for a weight."""
+    from microkernels.f32_dwconv import GROUP_MR
+
+    mr = default_mr(isa, 3, 3, Epilogue(True, False, "clip"), group)
+    kern = DwKernel(isa, 3, 3, mr, group=group)
+    assert mr == GROUP_MR[isa.name][group] and not kern.taps_in_registers
+    assert kern.weight_vectors == 9 * group and 2 * mr + 1 <= isa.vector_registers
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -33,6 +47,12 @@ def test_refusals(args, msg):
         DwKernel(*args)
     with pytest.raises(TileError, match="not a residual"):
         DwKernel(AVX512, 3, 3, 4, Epilogue(residual=True))
+    with pytest.raises(TileError, match="must divide avx2's 8 lanes"):
+        DwKernel(AVX2, 3, 3, 4, group=16)
+    with pytest.raises(TileError, match="must divide"):
+        DwKernel(AVX512, 3, 3, 4, group=3)
+    with pytest.raises(TileError, match="do not fit"):
+        DwKernel(AVX512, 3, 3, 16, group=4)  # 16 accumulators + 16 inputs
 
 
 def test_row_step_avoids_long_single_pixel_tails():

@@ -37,11 +37,16 @@ class DwTester:
         win = a[ay:ay + ah, ax:ax + aw].astype(np.float64)
         want = np.zeros((t.ow, BLOCK))
         mag = np.zeros_like(want)
+        g = k.group
+        w = b[blk].reshape(k.kh, k.kw, g, BLOCK)
+        lanes = np.arange(BLOCK)
         for r in range(k.kh):
             for s in range(k.kw):
                 cols = win[r * t.dh, s * t.dw: s * t.dw + (t.ow - 1) * t.sw + 1: t.sw]
-                want += cols * b[blk, r, s]
-                mag += np.abs(cols * b[blk, r, s])
+                for j in range(g):  # output lane c reads input lane c // g * g + j
+                    term = cols[:, lanes // g * g + j] * w[r, s, j]
+                    want += term
+                    mag += np.abs(term)
         if ep.bias:
             want += bias[blk]
             mag += np.abs(bias[blk])
@@ -49,9 +54,9 @@ class DwTester:
             want = np.maximum(want, 0)
         elif ep.act == "clip":
             want = np.clip(want, *t.clip)
-        # A chain of one FMA per tap, then the bias: taps + 2 roundings at most, each within u of
-        # the running magnitude (the activation only clamps).
-        tol = (k.taps + 2) * EPS * mag + np.finfo(np.float32).tiny
+        # A chain of one FMA per tap (and group channel), then the bias: that many + 2 roundings
+        # at most, each within u of the running magnitude (the activation only clamps).
+        tol = (k.weight_vectors + 2) * EPS * mag + np.finfo(np.float32).tiny
         err = np.abs(got[cy, cx:] - want)
         assert (err <= tol).all(), f"{k.name}: worst error {err.max():.3g}"
         assert_written_only(got, c, (cy, slice(cx, None)), "row")

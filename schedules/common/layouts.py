@@ -80,12 +80,15 @@ def pack_weights(w: np.ndarray, in_block: int, out_block: int, groups: int = 1) 
 
 
 def pack_depthwise_weights(w: np.ndarray, block: int) -> np.ndarray:
-    """OIHW (O, 1, KH, KW) -> (OB, KH, KW, block): the channels in the lanes, zero-padded."""
-    o, _, kh, kw = w.shape
+    """OIHW (O, 1, KH, KW) -> (OB, KH, KW, block): the channels in the lanes, zero-padded.
+    With G > 1 input channels per group, (O, G, KH, KW) -> (OB, KH, KW, G, block): for each tap,
+    the G vectors of weight j of every output channel."""
+    o, cg, kh, kw = w.shape
     ob = ceil_div(o, block)
-    full = np.zeros((ob * block, kh, kw), w.dtype)
-    full[:o] = w[:, 0]
-    return aligned(full.reshape(ob, block, kh, kw).transpose(0, 2, 3, 1))
+    full = np.zeros((ob * block, cg, kh, kw), w.dtype)
+    full[:o] = w
+    packed = full.reshape(ob, block, cg, kh, kw).transpose(0, 3, 4, 2, 1)
+    return aligned(packed[:, :, :, 0] if cg == 1 else packed)
 
 
 def pack_channels(v: np.ndarray, block: int) -> np.ndarray:

@@ -7,6 +7,11 @@ NCHW16c. Loop nest: (image, output block, band of rows) in parallel; per band, t
 band needs are packed with their zero padding into P (ph x pw x 16, in L2) — lane l of output
 block o reads input channel (16*o + l) / multiplier, so a channel multiplier > 1 is the same
 loop; then one kernel call per output row computes every pixel of it.
+
+Groups of G = 2, 4 or 8 input channels with as many outputs (ResNeXt's and RegNet's 3x3 layers)
+run the same way (`lane_groups`): a group's channels sit in adjacent lanes of one block, so
+output block o reads input block o alone, and the kernel's grouped variant permutes each input
+vector G times instead of multiplying a block-diagonal panel's zeros. Weights (OB, KH, KW, G, 16).
 """
 
 from __future__ import annotations
@@ -23,19 +28,28 @@ from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
 from ..common import layouts
 from ..common.targets import check_array, check_elements
 from ..common.tir import buffer, ceil_div, header, padded_pack, parse, region
+from . import geometry
 from .geometry import ConvBlocking, Geometry, PostOps
 from .op import Conv2dOp
 from .plans import DepthwisePlan, largest_divisor
 
 
-def applies(g: Geometry) -> bool:
-    return g.depthwise
+def lane_groups(g: Geometry) -> bool:
+    """Groups of 2, 4 or 8 channels, each with as many outputs: in the lanes (module doc)."""
+    return geometry.lane_groups(g.c, g.o, g.groups)
+
+
+def group_width(g: Geometry) -> int:
+    """Input channels per group as the kernel sees them: 1 for depthwise (any multiplier)."""
+    return g.cg if lane_groups(g) else 1
 
 
 def shapes(g: Geometry) -> dict[str, tuple]:
     oh, ow = g.out_hw
     cb, ob = ceil_div(g.c, BLOCK), ceil_div(g.o, BLOCK)
-    return {"data": (g.n, cb, g.h, g.w, BLOCK), "weight": (ob, g.kh, g.kw, BLOCK), "bias": (ob, BLOCK),
+    cg = group_width(g)
+    taps = (g.kh, g.kw) + ((cg,) if cg > 1 else ())
+    return {"data": (g.n, cb, g.h, g.w, BLOCK), "weight": (ob, *taps, BLOCK), "bias": (ob, BLOCK),
             "out": (g.n, ob, oh, ow, BLOCK)}
 
 
@@ -90,15 +104,18 @@ def render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[list[str], Dw
         "                with T.sblock('dw'):",
         "                    vyi, vx, vl = T.axis.remap('SSS', [yi, x, l])",
     ]
-    red = [(n, e) for n, e in (("r", g.kh), ("s", g.kw)) if e > 1]
+    cg = group_width(g)
+    red = [(n, e) for n, e in (("r", g.kh), ("s", g.kw), ("j", cg)) if e > 1]
     r = "r" if g.kh > 1 else "0"
     c = "s" if g.kw > 1 else "0"
-    L += element_body(f"Out[vn, vo, vyb * {vh} + vyi, vx, vl]", f"P[vyi * {sh} + {r} * {dh}, vx * {sw} + {c} * {dw}, vl]",
-                      f"Wt[vo, {r}, {c}, vl]", red, " " * 20, "Bias[vo, vl]" if ep.bias else None, None, ep.act,
+    # The row intrinsic's spelling (DwRow.lane, b_index): lane l reads lane j of its group.
+    lane, wj = (f"vl // {cg} * {cg} + j", "j, ") if cg > 1 else ("vl", "")
+    L += element_body(f"Out[vn, vo, vyb * {vh} + vyi, vx, vl]", f"P[vyi * {sh} + {r} * {dh}, vx * {sw} + {c} * {dw}, {lane}]",
+                      f"Wt[vo, {r}, {c}, {wj}vl]", red, " " * 20, "Bias[vo, vl]" if ep.bias else None, None, ep.act,
                       post.clip)
     tile = None
     if ow >= 2 and red:
-        kern = DwKernel(isa, g.kh, g.kw, row_mr(isa, g.kh, g.kw, ow, ep), ep)
+        kern = DwKernel(isa, g.kh, g.kw, row_mr(isa, g.kh, g.kw, ow, ep, cg), ep, cg)
         tile = DwRow(kern, ow, sw, dh, dw, post.clip)
     return L, tile
 
@@ -131,9 +148,10 @@ class DepthwiseConv2dOp(Conv2dOp):
         return 1
 
     def pack_weights(self, weight: np.ndarray) -> np.ndarray:
-        """OIHW (O, 1, KH, KW) -> (OB, KH, KW, 16), output channels zero-padded to blocks."""
+        """OIHW (O, G, KH, KW) -> (OB, KH, KW, 16), or (OB, KH, KW, G, 16) for groups of G > 1
+        channels; output channels zero-padded to blocks."""
         g = self.geometry
-        check_array("weight", weight, (g.o, 1, g.kh, g.kw), "float32")
+        check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
         return layouts.pack_depthwise_weights(weight, BLOCK)
 
     def pack_bias(self, bias: np.ndarray) -> np.ndarray:
@@ -159,6 +177,7 @@ def schedule(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threa
         # (left to itself, LLVM vectorized along the pixels with gathers and scatters).
         sch.vectorize(sch.get_loops(sch.get_sblock("dw"))[-1])
     sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
-    plan = DepthwisePlan("depthwise", reason, band_rows=vh, multiplier=g.o // g.c,
-                         kernel=tile.kern.name if tile else None)
+    cg = group_width(g)
+    plan = DepthwisePlan("depthwise" if cg == 1 else "grouped", reason, band_rows=vh, multiplier=g.o // g.c,
+                         kernel=tile.kern.name if tile else None, group=cg)
     return sch.mod, plan

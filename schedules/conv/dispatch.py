@@ -2,9 +2,10 @@
 schedules it. The only module that imports the families; they never import each other.
 
 Order of choice on x86 (float32): Winograd where `algorithm` asks for it (or "auto" finds it
-measured faster: winograd.choose), else depthwise (one input channel per group), else the
-direct conv, on wider groups with block-diagonal weights where the layer's groups are
-narrower than a block (grouped). The ARM targets run the quantized spatial pack (int8_arm).
+measured faster: winograd.choose), else depthwise (one input channel per group, or groups of
+2, 4 or 8 channels with as many outputs: the kernel's grouped variant), else the direct conv,
+on wider groups with block-diagonal weights where the layer's groups are narrower than a block
+(grouped: other narrow groups, or a fused residual). The ARM targets run the quantized spatial pack (int8_arm).
 Two layers fused, MobileNet's 1x1 expand and the depthwise conv after it: inverted
 (inverted_residual, and schedule_inverted for the Relax pass).
 """
@@ -148,8 +149,12 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
         if tile is not None:
             mod, plan = winograd.schedule(g, isa, tile, post_ops, blocking, pool, reason or "algorithm='winograd'")
             return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
-    if depthwise.applies(g):
-        mod, plan = depthwise.schedule(g, isa, post_ops, blocking, pool, "groups = input channels: the depthwise kernel")
+    # Narrow groups take the depthwise family's grouped kernel unless a residual is fused (its
+    # epilogue has none; the block-diagonal direct conv below has).
+    if g.depthwise or (depthwise.lane_groups(g) and not post_ops.residual):
+        why = "groups = input channels: the depthwise kernel" if g.depthwise else \
+            f"groups of {g.cg} channels in the vector lanes: the depthwise kernel's grouped variant"
+        mod, plan = depthwise.schedule(g, isa, post_ops, blocking, pool, why)
         return Scheduled(depthwise.DepthwiseConv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
     reason = reason or "algorithm='direct'"
     if grouped.applies(g):  # small groups: blocks of 16 channels with block-diagonal weights

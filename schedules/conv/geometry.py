@@ -75,6 +75,19 @@ def depthwise(channels: int, groups: int) -> bool:
     return groups == channels > 1
 
 
+# Channels per group the depthwise family's grouped kernel takes: divisors of AVX2's 8 lanes,
+# so no group straddles a vector (or a 16-channel block).
+LANE_GROUPS = (2, 4, 8)
+
+
+def lane_groups(channels: int, out_channels: int, groups: int) -> bool:
+    """Groups of 2, 4 or 8 channels with as many outputs each (ResNeXt's, RegNet's): they run
+    in the vector lanes on the depthwise family's grouped kernel (conv/depthwise.py)."""
+    if groups < 2 or channels % groups or out_channels != channels:
+        return False
+    return channels // groups in LANE_GROUPS
+
+
 def block_diagonal(channels: int, out_channels: int, groups: int, block: int) -> bool:
     """A grouped layer whose groups are narrower than a block (ResNeXt's 4 or 8 channels per
     group) and tile it: it runs as whole-block groups with block-diagonal weights, on the plain

@@ -1,6 +1,8 @@
-"""Grouped conv2d whose groups are narrower than a block (ResNeXt's 4 or 8 channels per group):
-run as groups of whole 16-channel blocks with block-diagonal weights, on the direct conv's
-schedule (the dispatcher schedules `widen(g)` with conv.direct and builds GroupedConv2dOp)."""
+"""Grouped conv2d whose groups are narrower than a block and which the depthwise family's
+grouped kernel does not take (og a multiple of cg other than cg, or a fused residual; groups of
+2, 4 or 8 with as many outputs go there): run as groups of whole 16-channel blocks with
+block-diagonal weights, on the direct conv's schedule (the dispatcher schedules `widen(g)` with
+conv.direct and builds GroupedConv2dOp)."""
 
 from __future__ import annotations
 

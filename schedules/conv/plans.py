@@ -74,3 +74,4 @@ class DepthwisePlan(Plan):
     band_rows: int
     multiplier: int  # output channels per input channel
     kernel: str | None  # the row kernel's name; None where the layer stays plain TIR
+    group: int = 1  # input (= output) channels per group: 1 depthwise, 2-8 ResNeXt-like ("grouped")

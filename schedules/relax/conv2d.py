@@ -28,8 +28,9 @@ each in the `report` list when one is passed: "op" is "conv2d" for a conv, else 
 function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies nothing):
   - blocked by ConvertLayout (channels per group multiples of 16): ours, direct or Winograd;
   - left in NCHW with groups = 1 (a 3-channel first layer), depthwise (groups = channels) or
-    groups narrower than a block that tile it (ResNeXt's 4 or 8 channels per group: block-
-    diagonal weights), none of which ConvertLayout blocks: ours, between layout transforms of
+    groups narrower than a block (ResNeXt's 4 or 8 channels per group: in the vector lanes
+    when each group has as many outputs as inputs, else with block-diagonal weights where they
+    tile a block), none of which ConvertLayout blocks: ours, between layout transforms of
     its own, weights packed here; a last step cancels each transform pair that undoes itself,
     so such a layer between blocked neighbours runs blocked with no transform at all, and a
     layer whose channels are not whole blocks (MobileNetV2's 24) hands its padded blocked
@@ -57,7 +58,7 @@ from microkernels import DEFAULT_TILES
 
 from ..common.targets import resolve, thread_count
 from ..conv import ConvParams, Geometry, PostOps, inverted_pays, schedule, schedule_inverted
-from ..conv.geometry import block_diagonal, depthwise
+from ..conv.geometry import block_diagonal, depthwise, lane_groups
 from . import exprs
 from .batchnorm import fold_batch_norm
 from .rest import schedule_rest
@@ -112,8 +113,9 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
         c, o = ds[1] * ds[4], ob * bo
         return _Conv(call, True, (ds[0], c, ds[2], ds[3]), (o, c // groups, kh, kw)), ""
     if len(ds) == 4 and _attrs_ok(a, False, block):
-        # Depthwise and narrow groups that tile a block (block-diagonal) run on ours, blocked.
-        if groups != 1 and not (groups == ds[1] and ws[1] == 1) and not block_diagonal(ds[1], ws[0], groups, block):
+        # Depthwise and narrow groups (in the lanes, or tiling a block block-diagonally) run on ours, blocked.
+        if groups != 1 and not (groups == ds[1] and ws[1] == 1) and not lane_groups(ds[1], ws[0], groups) \
+                and not block_diagonal(ds[1], ws[0], groups, block):
             return None, (f"groups={groups} in NCHW ({ds[1] // groups} channels per group: neither whole "
                           f"{block}-channel blocks nor a divisor of {block})")
         if exprs.const(weight) is None:

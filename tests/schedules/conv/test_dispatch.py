@@ -65,7 +65,8 @@ def test_unknown_options_name_the_accepted_ones():
     ((1, 16, 14, 14), (16, 16, 3, 3), dict(padding=1, algorithm="direct"), "Conv2dOp", "direct"),
     ((1, 16, 7, 7), (16, 16, 3, 3), dict(padding=1), "Conv2dOp", "direct"),
     ((1, 16, 14, 14), (32, 1, 3, 3), dict(padding=1, groups=16), "DepthwiseConv2dOp", "depthwise"),
-    ((1, 32, 6, 6), (32, 4, 3, 3), dict(padding=1, groups=8), "GroupedConv2dOp", "direct"),
+    ((1, 32, 6, 6), (32, 4, 3, 3), dict(padding=1, groups=8), "DepthwiseConv2dOp", "grouped"),
+    ((1, 32, 6, 6), (32, 4, 3, 3), dict(padding=1, groups=8, residual=True), "GroupedConv2dOp", "direct"),
     ((1, 32, 6, 6), (32, 16, 3, 3), dict(padding=1, groups=2), "Conv2dOp", "direct"),
 ])
 def test_each_layer_goes_to_its_family(data_shape, weight_shape, kw, family, algorithm):

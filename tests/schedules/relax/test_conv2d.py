@@ -142,7 +142,7 @@ def test_two_layout_transforms_when_the_first_conv_is_blocked():
 
 def test_odd_layers_compile_and_match():
     """5x5, stride 3, dilation 2, a grouped conv ConvertLayout blocks (16 channels per group),
-    one of 4 per group (ours, block-diagonal, between transforms), one of 8 in and 4 out per
+    one of 4 per group (ours, in the lanes, between transforms), one of 8 in and 4 out per
     group that neither takes (TVM's lowering), a depthwise conv (ours, in NCHW between
     transforms), a clip, a dense layer; and weights given as parameters, bound by optimize."""
     rng = np.random.default_rng(7)
@@ -171,7 +171,7 @@ def test_odd_layers_compile_and_match():
     report = convs(report)
     where = [r["runs_on"] for r in report]
     assert where == ["ours", "ours", "ours", "ours", "ours", "tvm", "ours"], report
-    assert "clip" in report[0]["post_ops"] and report[4]["algorithm"] == "direct"
+    assert "clip" in report[0]["post_ops"] and report[4]["algorithm"] == "grouped"
     assert "groups=4" in report[5]["reason"] and report[6]["algorithm"] == "depthwise"
     xv = rng.standard_normal((1, 16, 23, 23)).astype(np.float32)
     ex = tvm.compile(mod, target=mkrelax.llvm_target(HOST))
@@ -181,7 +181,7 @@ def test_odd_layers_compile_and_match():
 
 
 def test_small_resnext_runs_its_narrow_groups_blocked_on_our_kernels():
-    """ResNeXt's 3x3s with 4 and 8 channels per group: ours (block-diagonal), between transforms
+    """ResNeXt's 3x3s with 4 and 8 channels per group: ours (in the lanes), between transforms
     that cancel against the blocked neighbours', so the network has no more layout transforms
     than a plain ResNet of whole blocks (the edges'); PyTorch agrees."""
     torch = pytest.importorskip("torch", reason="PyTorch is in the test extra; without it this comparison cannot run")
@@ -193,6 +193,7 @@ def test_small_resnext_runs_its_narrow_groups_blocked_on_our_kernels():
     report = []
     opt = mkrelax.optimize(resnet.relax_module(net, params), HOST, report=report, lower=False)
     assert len(report) == len(net.convs) and all(r["runs_on"] == "ours" for r in report), report
+    assert sum(r["algorithm"] == "grouped" for r in report) == sum(c.groups > 1 for c in net.convs), report
     baseline = mkrelax.optimize(resnet.relax_module(SMALL, resnet.random_params(SMALL)), HOST, lower=False)
     # The input's and the output's: the stem's own pair cancels around the blocked max pool.
     assert calls(opt, "relax.layout_transform") == calls(baseline, "relax.layout_transform") == 2

@@ -56,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--breakdown", action="store_true",
                    help="also time each phase of every matmul: pack A, pack B, the tiles, the rest")
     g.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    g.add_argument("--plot", metavar="FILE.png", help="also draw the matmuls on a roofline and ours/numpy (the plot extra)")
     c = bsub.add_parser("conv2d", help="ResNet-50 conv layers vs PyTorch (oneDNN)")
     c.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
     _add_workloads(c)
@@ -70,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
                         "NCHW arrays, or op.bind(w) then f(x)")
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    c.add_argument("--plot", metavar="FILE.png", help="also draw the layers on a roofline and ours/PyTorch (the plot extra)")
     a = bsub.add_parser("arm", help="static MAC/cycle of the ARM int8 kernels and conv (llvm-mca)")
     _add_workloads(a)
     a.add_argument("--layers", nargs="+", type=int, default=[2, 10, 15], help="rows of the CSV (0-based)")
@@ -95,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
                        default=None, help="time TVM's default build of the folded module, slow to build and run "
                                           "(default: yes, no with --peers)")
         r.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        r.add_argument("--plot", metavar="FILE.png", help="also draw each engine's time per row (the plot extra)")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
     sub.add_parser("check-tools", help="self-check the ARM cross toolchains, qemu-user and llvm-mca")
     return p
@@ -130,6 +133,10 @@ def main(argv=None) -> int:
     from benchmarks import host
     from schedules.common.targets import resolve, set_threads
 
+    if getattr(args, "plot", None):
+        from benchmarks import plot
+
+        plot.require_matplotlib()  # before the run, not after minutes of timing
     log(host.describe())
 
     isa = resolve(args.target)
@@ -163,4 +170,25 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
+    if getattr(args, "plot", None):
+        _plot(args, result, threads, log)
     return 0
+
+
+def _plot(args, result: dict, threads: list[int], log) -> None:
+    from benchmarks import host, plot
+
+    title = f"{host.cpu_name()}, {result['isa']}"
+    if args.what in ("conv2d", "gemm"):
+        bandwidth = {t: plot.measure_bandwidth(t) for t in threads}
+        for t, bw in bandwidth.items():
+            log(f"read bandwidth, {t} thread(s): {bw:.1f} GB/s (the roofline's sloped line)")
+        result["read_bandwidth_gbs"] = bandwidth
+        if args.what == "conv2d":
+            fig = plot.conv2d_figure(result, bandwidth, f"{title}: conv2d, {args.workloads or 'resnet50_v1.5'}")
+        else:
+            fig = plot.gemm_figure(result, bandwidth, title)
+    else:
+        fig = plot.network_figure(result, f"{title}: {result['model']}")
+    plot.save(fig, args.plot)
+    print(f"wrote {args.plot}", file=sys.stderr)

@@ -61,6 +61,12 @@ class Layer:
         return (self.o, self.c // self.groups, self.k, self.k)
 
     @property
+    def compulsory_bytes(self) -> int:
+        """Input and weights read once, output written once, float32: the roofline's bytes."""
+        oh, ow = ((d + 2 * self.pad - self.k) // self.stride + 1 for d in (self.h, self.w))
+        return 4 * (self.c * self.h * self.w + self.o * (self.c // self.groups) * self.k ** 2 + self.o * oh * ow)
+
+    @property
     def kind(self) -> str:
         """depthwise (one channel per group), pointwise (1x1, groups 1) or other."""
         if self.groups > 1 and self.groups == self.c:
@@ -281,6 +287,7 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                     log(f"  {layer.row:2d} {layer.label:34s} {layer.count:2d} {algo:>6s} {ours * 1e3:8.3f} {gf:6.1f}"
                         f" {100 * gf / peak:5.1f}{tail} {rel}  {plan}")
                     rows.append({"layer": layer.row, "shape": layer.label, "count": layer.count, "algorithm": algo,
+                                 "flops": op.flops, "bytes": layer.compulsory_bytes,
                                  "ours_ms": ours * 1e3, "gflops": gf, "pct_peak": 100 * gf / peak,
                                  "torch_ms": ref * 1e3 if ref is not None else None,
                                  "ratio_vs_torch": ours / ref if ref is not None else None,

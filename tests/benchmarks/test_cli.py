@@ -64,6 +64,15 @@ def test_bench_conv2d_reads_its_packaged_table(clone):
     assert "weighted total wino4" in out, out
 
 
+def test_bench_conv2d_draws_its_plot(clone, tmp_path):
+    """--plot: the bandwidth it measures for the roofline is printed, and a PNG is written."""
+    png = tmp_path / "conv.png"
+    out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--layers", SMALL_LAYER, "--threads", "1",
+              "--cache", "warm", "--repeat", "1", "--plot", str(png))
+    bw = float(out.split("read bandwidth, 1 thread(s): ")[1].split()[0])
+    assert bw > 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000, out
+
+
 @pytest.mark.parametrize("path", ["blocked", "nchw", "bound"])
 def test_bench_conv2d_times_each_user_path(clone, path):
     out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--layers", SMALL_LAYER, "--threads", "1",

@@ -61,6 +61,7 @@ from ..conv import ConvParams, Geometry, PostOps, inverted_pays, schedule, sched
 from ..conv.geometry import block_diagonal, depthwise, lane_groups
 from . import exprs
 from .batchnorm import fold_batch_norm
+from .fold import fold_layout_transforms
 from .rest import schedule_rest
 
 LOG = logging.getLogger("tvm_microkernels.relax")
@@ -535,6 +536,9 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
         mod = tvm.transform.Sequential([
             relax.transform.ConvertLayout({}, layout_cb=functools.partial(_desired_layouts, block=block)),
             relax.transform.Normalize(),
+        ])(mod)
+        mod = fold_layout_transforms(mod)  # the weights' transforms, in numpy: FoldConstant builds one module each
+        mod = tvm.transform.Sequential([
             relax.transform.FoldConstant(),
             # The residual input's own copy of the entry transform is the same expression.
             relax.transform.EliminateCommonSubexpr(),

@@ -19,6 +19,11 @@ settings.register_profile("dev", max_examples=150, deadline=None, derandomize=Fa
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# The compile cache off for the suite (and the subprocesses it starts): a test that patches a
+# planner in-process must not get a schedule cached before the patch, and a run must not read
+# or fill the user's cache. tests/schedules/common/test_cache.py turns it on in a folder of its own.
+os.environ["TVM_MICROKERNELS_CACHE"] = "off"
+
 
 def f32_tolerance(a, b, c0=None):
     """Elementwise bound for float32 C = C0 + A @ B against an exact (float64) reference.

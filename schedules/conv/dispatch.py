@@ -21,6 +21,7 @@ import numpy as np
 from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
+from ..common import cache
 from ..common.targets import check_emulate, dtype_name, positive_int, resolve, thread_count
 from . import depthwise, direct, grouped, int8_arm, inverted, winograd
 from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
@@ -137,9 +138,22 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
                 if quant.dtype in ("int8", "uint8") else ""
             raise ValueError(f"dtype {quant.dtype!r} is not supported on x86 targets; use 'float32'{hint}")
         raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
+    pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
+    # Everything the schedule depends on (the host's caches and the sources are in every key).
+    k = cache.key("schedule", conv, post_ops, isa.name, algorithm, tile, threads, pool, blocking.l1, blocking.l2,
+                  emulate) if cache.enabled() else None
+    done = cache.get(k) if k else None
+    if done is None:
+        done = _schedule_x86(conv, post_ops, isa, algorithm, tile, threads, pool, blocking, emulate)
+        if k:
+            cache.put(k, done)
+    return done
+
+
+def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, threads, pool: int,
+                  blocking: ConvBlocking, emulate: bool):
     mr, nr = DEFAULT_TILES[isa.name]
     g = Geometry.of(conv, block=nr)
-    pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
     reason = None
     if algorithm != "direct":
         if algorithm == "auto":
@@ -175,7 +189,13 @@ def schedule_inverted(data_shape, expand_weight_shape, dw_weight_shape, stride=1
     isa = resolve(target)
     if isa.arch != "x86":
         raise ValueError(f"the fused inverted residual block is an x86 float32 op, not {isa.name}")
-    mod, plan = inverted.schedule(lay, isa)
+    k = cache.key("inverted", lay, isa.name) if cache.enabled() else None
+    done = cache.get(k) if k else None
+    if done is None:
+        done = inverted.schedule(lay, isa)
+        if k:
+            cache.put(k, done)
+    mod, plan = done
     return lay, isa, mod, plan
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
@@ -56,6 +57,7 @@ from tvm.sym import Analyzer
 
 from microkernels import DEFAULT_TILES
 
+from ..common import cache
 from ..common.targets import resolve, thread_count
 from ..conv import ConvParams, Geometry, PostOps, inverted_pays, schedule, schedule_inverted
 from ..conv.geometry import block_diagonal, depthwise, lane_groups
@@ -633,5 +635,26 @@ def llvm_target(target="native") -> tvm.target.Target:
 
 def build(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
           fuse: bool = True, report: list | None = None):
-    """optimize, then tvm.compile for the target: an executable for relax.VirtualMachine."""
-    return tvm.compile(optimize(mod, target, params, algorithm, threads, fuse, report), target=llvm_target(target))
+    """optimize, then tvm.compile for the target: an executable for relax.VirtualMachine. With
+    the compile cache on (schedules/common/cache.py), a model built before, by any process,
+    with the same graph, weights and options is loaded from it instead (a runtime.Module,
+    which relax.VirtualMachine takes the same way); `report` then gets the first build's."""
+    if params:
+        mod = relax.transform.BindParams("main", checked_params(mod, params))(mod)
+    llvm = llvm_target(target)
+    k = cache.key("model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name), algorithm, threads,
+                  fuse) if cache.enabled() else None
+    hit = cache.load_library(k) if k else None
+    if hit is not None:
+        lib, meta = hit
+        LOG.info("model loaded from the compile cache (%s)", k)
+        if report is not None:
+            report += meta["report"]
+        return lib
+    ops: list = []
+    ex = tvm.compile(optimize(mod, target, None, algorithm, threads, fuse, ops), target=llvm)
+    if report is not None:
+        report += ops
+    if k:
+        cache.put_library(k, ex, {"report": ops})
+    return ex

@@ -81,6 +81,14 @@ def parser() -> argparse.ArgumentParser:
     acc.add_argument("--channels", nargs="+", type=int, default=[16, 64, 256, 512])
     acc.add_argument("--size", type=int, default=12, help="height and width of the layer")
     acc.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    comp = bsub.add_parser("compile", help="seconds of optimize + compile per network, the compile cache off, cold, "
+                                           "with its layers, and with the model cached")
+    comp.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
+    comp.add_argument("--models", nargs="+", choices=["resnet50", "mobilenet_v2", "resnext50"],
+                      default=["resnet50", "mobilenet_v2"])
+    comp.add_argument("--style", choices=["folded", "user"], default="folded",
+                      help="folded: models/' network; user: the PyTorch module through torch.export")
+    comp.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     for model, title in (("resnet50", "ResNet-50"), ("mobilenet_v2", "MobileNetV2"), ("resnext50", "ResNeXt-50 32x4d")):
         r = bsub.add_parser(model, help=f"whole {title} (Relax, our conv2d) vs PyTorch, TVM's default build, "
                                         "ONNX Runtime and OpenVINO (--peers)")
@@ -150,6 +158,10 @@ def main(argv=None) -> int:
         default_tvm = not args.peers if args.tvm_default is None else args.tvm_default
         result = network.run(isa, threads, args.repeat, log, default_tvm=default_tvm, model=args.what,
                              style=args.style, peers=args.peers, batches=args.batch)
+    elif args.what == "compile":
+        from benchmarks import compile as compile_bench
+
+        result = compile_bench.run(args.models, args.style, args.target, log)
     elif args.what == "accuracy":
         from benchmarks import accuracy
 

@@ -63,7 +63,7 @@ from ..conv import ConvParams, Geometry, PostOps, inverted_pays, schedule, sched
 from ..conv.geometry import block_diagonal, depthwise, lane_groups
 from . import exprs
 from .batchnorm import fold_batch_norm
-from .fold import fold_layout_transforms
+from .fold import fold_layout_transforms, read_tuple_items
 from .rest import schedule_rest
 
 LOG = logging.getLogger("tvm_microkernels.relax")
@@ -533,6 +533,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
 
     @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
     def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = read_tuple_items(mod)
         mod = _fold_batch_norms(mod, report)
         mod = exprs.mutate(mod, _SplitClips(mod))
         mod = tvm.transform.Sequential([

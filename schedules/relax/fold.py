@@ -1,4 +1,5 @@
-"""Constant layout transforms evaluated with numpy, before TVM's FoldConstant.
+"""Folds the pass does itself: constant layout transforms evaluated with numpy, before TVM's
+FoldConstant; and items of tuples built in the graph read through.
 
 ConvertLayout wraps every blocked conv's constant weights (and a bias added after it) in a
 `layout_transform`; FoldConstant then compiles and runs one TVM function per such call, about
@@ -7,6 +8,11 @@ tuple of integer expressions of the source indices (n, c // 16, h, w, c % 16); e
 numpy index grids it gives each source element's destination, so the whole transform is one
 scatter. Expressions other than + - * // % of indices and integers, or a pad value that is not a
 number, leave the call to FoldConstant.
+
+TVM's torch frontend imports max_pool2d (torch.export's max_pool2d_with_indices) as a tuple of
+the pool and a constant, then takes item 0. That detour hid the pool from the pass that cancels
+the layout transforms around it (conv2d.py), which left ResNet's stem pool unblocked in a
+model as a user exports it: 4.4 ms of transforms at batch 8. `t = (a, b); y = t[0]` becomes `y = a`.
 """
 
 from __future__ import annotations
@@ -76,3 +82,21 @@ class _FoldLayoutTransforms(PyExprMutator):
 
 def fold_layout_transforms(mod: tvm.IRModule) -> tvm.IRModule:
     return exprs.mutate(mod, _FoldLayoutTransforms(mod))
+
+
+@expr_functor.mutator
+class _ReadTupleItems(PyExprMutator):
+    def visit_tuple_getitem_(self, op):
+        op = super().visit_tuple_getitem_(op)
+        tup = op.tuple_value
+        bound = self.lookup_binding(tup) if isinstance(tup, relax.Var) else tup
+        if isinstance(bound, relax.Tuple) and op.index < len(bound.fields):
+            return bound.fields[op.index]
+        return op
+
+
+def read_tuple_items(mod: tvm.IRModule) -> tvm.IRModule:
+    """Items of tuples built in the graph replaced by the items themselves; the `y = a` aliases
+    that leaves are substituted away, then dead tuples go."""
+    mod = exprs.mutate(mod, _ReadTupleItems(mod))
+    return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))

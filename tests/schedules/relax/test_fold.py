@@ -61,3 +61,28 @@ def test_what_it_cannot_evaluate_is_left_alone():
     values = [b.value for b in folded["main"].body.blocks[0].bindings]
     assert exprs.is_call(values[0], tvm.ir.Op.get("relax.layout_transform"))
     assert isinstance(values[1], GenericConst)
+
+
+def test_a_torch_max_pool_runs_blocked_between_convs():
+    """torch.export's max_pool2d_with_indices arrives as (pool, constant)[0]: read through, the
+    stem's pool runs blocked and the model keeps only its two edge layout transforms, as the
+    hand-built models do; the output still matches PyTorch."""
+    torch = pytest.importorskip("torch", reason="PyTorch is in the test extra")
+    from benchmarks.network import import_torch
+    from schedules import relax as mkrelax
+
+    from .test_conv2d import HOST, calls, close, lowered, run
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                          nn.Conv2d(32, 32, 3, 1, 1), nn.BatchNorm2d(32), nn.ReLU()).eval()
+    x = np.random.default_rng(0).standard_normal((1, 3, 24, 24)).astype(np.float32)
+    mod = import_torch(model, x)
+    body = mod["main"].body.blocks[0].bindings
+    assert any(isinstance(b.value, relax.TupleGetItem) and isinstance(b.value.tuple_value, relax.Var) for b in body)
+    opt = mkrelax.optimize(mod, HOST, lower=False)
+    assert calls(opt, "relax.layout_transform") == 2
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    close(run(lowered(opt), x), want)

@@ -162,17 +162,18 @@ def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:
     out = [f"h{h}:"]
 
     g = k.group
-    weights = [(r, s, j) for r in range(k.kh) for s in range(k.kw) for j in range(g)]
+    taps_rs = [(r, s) for r in range(k.kh) for s in range(k.kw)]
 
-    def tap(r: int, s: int, j: int, where: str) -> str:
-        name = f"%{p}{where}w{r}_{s}_{j}"
-        out.append(f"  {name}p = getelementptr inbounds float, ptr %w, i64 {((r * k.kw + s) * g + j) * BLOCK + h * lanes}")
+    def tap(r: int, s: int, where: str) -> str:
+        """Depthwise: the weight vector of tap (r, s) (groups load theirs in tap_loop)."""
+        name = f"%{p}{where}w{r}_{s}"
+        out.append(f"  {name}p = getelementptr inbounds float, ptr %w, i64 {(r * k.kw + s) * BLOCK + h * lanes}")
         out.append(f"  {name} = load {vt}, ptr {name}p, align 4")
         return name
 
     hoisted = {}
     if k.taps_in_registers:
-        hoisted = {w: tap(*w, "") for w in weights}
+        hoisted = {rs: tap(*rs, "") for rs in taps_rs}
     if ep.bias:
         out.append(f"  %{p}bp = getelementptr inbounds float, ptr %bias, i64 {h * lanes}")
         out.append(f"  %{p}b = load {vt}, ptr %{p}bp, align 4")
@@ -180,7 +181,7 @@ def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:
 
     def unrolled_taps(loop: str, count: int) -> list[str]:
         """Depthwise: every tap unrolled, its weight a hoisted register or an L1 load."""
-        taps = hoisted or {w: tap(*w, loop) for w in weights}
+        taps = hoisted or {rs: tap(*rs, loop) for rs in taps_rs}
         accs = [init] * count
         for r in range(k.kh):
             for s in range(k.kw):
@@ -190,7 +191,7 @@ def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:
                     out.append(f"  {a}o = add i64 %{p}{loop}xo{m}, %{p}{loop}c{r}_{s}")
                     out.append(f"  {a}p = getelementptr inbounds float, ptr %in, i64 {a}o")
                     out.append(f"  {a} = load {vt}, ptr {a}p, align 4")
-                    out.append(f"  %{p}{loop}acc{r}_{s}_{m} = call {vt} {fma}({vt} {a}, {vt} {taps[r, s, 0]}, {vt} {accs[m]})")
+                    out.append(f"  %{p}{loop}acc{r}_{s}_{m} = call {vt} {fma}({vt} {a}, {vt} {taps[r, s]}, {vt} {accs[m]})")
                     accs[m] = f"%{p}{loop}acc{r}_{s}_{m}"
         return accs
 
@@ -201,7 +202,6 @@ def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:
         """Groups: the taps as a loop that is not unrolled, so each weight vector is loaded
         inside it, next to its G x MR uses. Unrolled, LLVM hoisted all KH*KW*G of them out of
         the pixel loop and spilled them, with the inputs and accumulators after them."""
-        nonlocal out
         q = f"%{p}{loop}"
         entry, body = f"{p}{loop}", f"{p}{loop}k"
         out.append(f"  br label %{body}")
@@ -209,23 +209,23 @@ def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:
         out.append(f"  {q}t = phi i64 [0, %{entry}], [{q}tn, %{body}]")
         for m in range(count):
             out.append(f"  {q}acc{m} = phi {vt} [{init}, %{entry}], [{q}acc{m}_{g - 1}, %{body}]")
-        out += [f"  {q}r = udiv i64 {q}t, {k.kw}", f"  {q}s = urem i64 {q}t, {k.kw}",
-                f"  {q}ro = mul i64 {q}r, %row64", f"  {q}so = mul i64 {q}s, %col64", f"  {q}c = add i64 {q}ro, {q}so",
-                f"  {q}wt = mul i64 {q}t, {g * BLOCK}"]
+        out.extend([f"  {q}r = udiv i64 {q}t, {k.kw}", f"  {q}s = urem i64 {q}t, {k.kw}",
+                    f"  {q}ro = mul i64 {q}r, %row64", f"  {q}so = mul i64 {q}s, %col64", f"  {q}c = add i64 {q}ro, {q}so",
+                    f"  {q}wt = mul i64 {q}t, {g * BLOCK}"])
         for m in range(count):
             a = f"{q}a{m}"
-            out += [f"  {a}o = add i64 {q}xo{m}, {q}c", f"  {a}p = getelementptr inbounds float, ptr %in, i64 {a}o",
-                    f"  {a} = load {vt}, ptr {a}p, align 4"]
+            out.extend([f"  {a}o = add i64 {q}xo{m}, {q}c", f"  {a}p = getelementptr inbounds float, ptr %in, i64 {a}o",
+                        f"  {a} = load {vt}, ptr {a}p, align 4"])
         for j in range(g):
             w = f"{q}w{j}"
-            out += [f"  {w}o = add i64 {q}wt, {j * BLOCK + h * lanes}",
-                    f"  {w}p = getelementptr inbounds float, ptr %w, i64 {w}o", f"  {w} = load {vt}, ptr {w}p, align 4"]
+            out.extend([f"  {w}o = add i64 {q}wt, {j * BLOCK + h * lanes}",
+                        f"  {w}p = getelementptr inbounds float, ptr %w, i64 {w}o", f"  {w} = load {vt}, ptr {w}p, align 4"])
             for m in range(count):
                 prev = f"{q}acc{m}" if j == 0 else f"{q}acc{m}_{j - 1}"
-                out += [f"  {q}a{m}j{j} = shufflevector {vt} {q}a{m}, {vt} poison, <{lanes} x i32> <{masks[j]}>",
-                        f"  {q}acc{m}_{j} = call {vt} {fma}({vt} {q}a{m}j{j}, {vt} {w}, {vt} {prev})"]
-        out += [f"  {q}tn = add i64 {q}t, 1", f"  {q}tm = icmp ult i64 {q}tn, {k.taps}",
-                f"  br i1 {q}tm, label %{body}, label %{latch(loop)}, !llvm.loop !0", f"{latch(loop)}:"]
+                out.extend([f"  {q}a{m}j{j} = shufflevector {vt} {q}a{m}, {vt} poison, <{lanes} x i32> <{masks[j]}>",
+                            f"  {q}acc{m}_{j} = call {vt} {fma}({vt} {q}a{m}j{j}, {vt} {w}, {vt} {prev})"])
+        out.extend([f"  {q}tn = add i64 {q}t, 1", f"  {q}tm = icmp ult i64 {q}tn, {k.taps}",
+                    f"  br i1 {q}tm, label %{body}, label %{latch(loop)}, !llvm.loop !0", f"{latch(loop)}:"])
         return [f"{q}acc{m}_{g - 1}" for m in range(count)]
 
     def latch(loop: str) -> str:
@@ -243,12 +243,12 @@ def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:
             out.append(f"  store {vt} {v}, ptr %{p}{loop}yp{m}, align 4")
 
     def offsets(loop: str, count: int, x: str) -> None:
-        """Input offsets: per pixel x*pix + half; per tap r*row + s*col."""
+        """Input offsets: per pixel x*pix + half; per tap r*row + s*col (depthwise)."""
         for m in range(count):
             out.append(f"  %{p}{loop}xm{m} = add i64 {x}, {m}")
             out.append(f"  %{p}{loop}xp{m} = mul i64 %{p}{loop}xm{m}, %pix64")
             out.append(f"  %{p}{loop}xo{m} = add i64 %{p}{loop}xp{m}, {h * lanes}")
-        for r in range(k.kh):
+        for r in range(k.kh if g == 1 else 0):  # groups: tap_loop computes its tap's offset
             out.append(f"  %{p}{loop}rowoff{r} = mul i64 %row64, {r}")
             for s in range(k.kw):
                 out.append(f"  %{p}{loop}cs{r}_{s} = mul i64 %col64, {s}")

@@ -28,6 +28,25 @@ from .templates import (DEFAULT_CLIP, Operand, element_body, f32, frame, free_st
                         register_text, template)
 
 
+def weight_taps(kh: int, kw: int, group: int) -> tuple[int, ...]:
+    """B's shape per block: the taps, then the group's input channels when G > 1."""
+    return (kh, kw) + ((group,) if group > 1 else ())
+
+
+def reduce_axes(kh: int, kw: int, group: int) -> list[tuple[str, int]]:
+    """The reduction loops (r, s, j), those longer than 1."""
+    return [(n, e) for n, e in (("r", kh), ("s", kw), ("j", group)) if e > 1]
+
+
+def lane(c: str, group: int) -> str:
+    """The input lane that output lane `c` reads at the group axis j (itself for depthwise)."""
+    return c if group == 1 else f"{c} // {group} * {group} + j"
+
+
+def weight_index(r: str, s: str, c: str, group: int) -> str:
+    return f"{r}, {s}, " + ("j, " if group > 1 else "") + c
+
+
 @dataclass(frozen=True)
 class DwRow:
     kern: DwKernel
@@ -56,24 +75,21 @@ class DwRow:
 
     def reduce_axes(self) -> list[tuple[str, int]]:
         k = self.kern
-        return [(n, e) for n, e in (("r", k.kh), ("s", k.kw), ("j", k.group)) if e > 1]
+        return reduce_axes(k.kh, k.kw, k.group)
 
     def a_index(self, x: str, r: str, s: str, c: str) -> str:
         return f"{r} * {self.dh}, {x} * {self.sw} + {s} * {self.dw}, {self.lane(c)}"
 
     @property
     def b_taps(self) -> tuple[int, ...]:
-        """B's shape per block: the taps, then the group's input channels when G > 1."""
         k = self.kern
-        return (k.kh, k.kw) + ((k.group,) if k.group > 1 else ())
+        return weight_taps(k.kh, k.kw, k.group)
 
     def lane(self, c: str) -> str:
-        """The input lane that output lane `c` reads at the group axis j (itself for depthwise)."""
-        g = self.kern.group
-        return c if g == 1 else f"{c} // {g} * {g} + j"
+        return lane(c, self.kern.group)
 
     def b_index(self, r: str, s: str, c: str) -> str:
-        return f"{r}, {s}, " + ("j, " if self.kern.group > 1 else "") + c
+        return weight_index(r, s, c, self.kern.group)
 
 
 def _frame(t: DwRow, stride) -> list[str]:

@@ -21,7 +21,7 @@ import tvm
 from tvm import s_tir
 
 from intrinsics.templates import element_body
-from intrinsics.f32_dwconv import DwRow, register_dw
+from intrinsics.f32_dwconv import DwRow, lane, reduce_axes, register_dw, weight_index, weight_taps
 from microkernels import Isa
 from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
 
@@ -47,8 +47,7 @@ def group_width(g: Geometry) -> int:
 def shapes(g: Geometry) -> dict[str, tuple]:
     oh, ow = g.out_hw
     cb, ob = ceil_div(g.c, BLOCK), ceil_div(g.o, BLOCK)
-    cg = group_width(g)
-    taps = (g.kh, g.kw) + ((cg,) if cg > 1 else ())
+    taps = weight_taps(g.kh, g.kw, group_width(g))
     return {"data": (g.n, cb, g.h, g.w, BLOCK), "weight": (ob, *taps, BLOCK), "bias": (ob, BLOCK),
             "out": (g.n, ob, oh, ow, BLOCK)}
 
@@ -105,14 +104,14 @@ def render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[list[str], Dw
         "                    vyi, vx, vl = T.axis.remap('SSS', [yi, x, l])",
     ]
     cg = group_width(g)
-    red = [(n, e) for n, e in (("r", g.kh), ("s", g.kw), ("j", cg)) if e > 1]
+    red = reduce_axes(g.kh, g.kw, cg)
     r = "r" if g.kh > 1 else "0"
     c = "s" if g.kw > 1 else "0"
-    # The row intrinsic's spelling (DwRow.lane, b_index): lane l reads lane j of its group.
-    lane, wj = (f"vl // {cg} * {cg} + j", "j, ") if cg > 1 else ("vl", "")
-    L += element_body(f"Out[vn, vo, vyb * {vh} + vyi, vx, vl]", f"P[vyi * {sh} + {r} * {dh}, vx * {sw} + {c} * {dw}, {lane}]",
-                      f"Wt[vo, {r}, {c}, {wj}vl]", red, " " * 20, "Bias[vo, vl]" if ep.bias else None, None, ep.act,
-                      post.clip)
+    # The row intrinsic's own spelling of the indices, which tensorize must match.
+    L += element_body(f"Out[vn, vo, vyb * {vh} + vyi, vx, vl]",
+                      f"P[vyi * {sh} + {r} * {dh}, vx * {sw} + {c} * {dw}, {lane('vl', cg)}]",
+                      f"Wt[vo, {weight_index(r, c, 'vl', cg)}]", red, " " * 20, "Bias[vo, vl]" if ep.bias else None,
+                      None, ep.act, post.clip)
     tile = None
     if ow >= 2 and red:
         kern = DwKernel(isa, g.kh, g.kw, row_mr(isa, g.kh, g.kw, ow, ep, cg), ep, cg)

@@ -138,6 +138,19 @@ def get(k: str):
     return value
 
 
+def cached(kind: str, parts: tuple, make):
+    """make(), or the value a call with the same `parts` made before (in this process or
+    another); stored after making it. Just make() when the cache is off."""
+    if not enabled():
+        return make()
+    k = key(kind, *parts)
+    value = get(k)
+    if value is None:
+        value = make()
+        put(k, value)
+    return value
+
+
 def put(k: str, value) -> None:
     """Keep `value` under `k`, in this process and on disk (a failure to write is logged, not
     raised: the cache must never break a build)."""

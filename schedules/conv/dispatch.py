@@ -140,14 +140,9 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
         raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
     pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
     # Everything the schedule depends on (the host's caches and the sources are in every key).
-    k = cache.key("schedule", conv, post_ops, isa.name, algorithm, tile, threads, pool, blocking.l1, blocking.l2,
-                  emulate) if cache.enabled() else None
-    done = cache.get(k) if k else None
-    if done is None:
-        done = _schedule_x86(conv, post_ops, isa, algorithm, tile, threads, pool, blocking, emulate)
-        if k:
-            cache.put(k, done)
-    return done
+    return cache.cached("schedule", (conv, post_ops, isa.name, algorithm, tile, threads, pool, blocking.l1,
+                                     blocking.l2, emulate),
+                        lambda: _schedule_x86(conv, post_ops, isa, algorithm, tile, threads, pool, blocking, emulate))
 
 
 def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, threads, pool: int,
@@ -189,13 +184,7 @@ def schedule_inverted(data_shape, expand_weight_shape, dw_weight_shape, stride=1
     isa = resolve(target)
     if isa.arch != "x86":
         raise ValueError(f"the fused inverted residual block is an x86 float32 op, not {isa.name}")
-    k = cache.key("inverted", lay, isa.name) if cache.enabled() else None
-    done = cache.get(k) if k else None
-    if done is None:
-        done = inverted.schedule(lay, isa)
-        if k:
-            cache.put(k, done)
-    mod, plan = done
+    mod, plan = cache.cached("inverted", (lay, isa.name), lambda: inverted.schedule(lay, isa))
     return lay, isa, mod, plan
 
 

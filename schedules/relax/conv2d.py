@@ -589,9 +589,12 @@ def optimize(mod: tvm.IRModule, target="native", params: dict | None = None, alg
              fuse: bool = True, report: list | None = None, lower: bool = True) -> tvm.IRModule:
     """The module doc's steps on `mod`; `params` maps "main"'s parameter names to numpy or TVM
     arrays. `report`, when given a list, receives one dict per conv2d (where it runs, why)."""
-    if params:
-        mod = relax.transform.BindParams("main", checked_params(mod, params))(mod)
-    return optimize_pass(target, algorithm, threads, fuse, report, lower)(mod)
+    return optimize_pass(target, algorithm, threads, fuse, report, lower)(_bound(mod, params))
+
+
+def _bound(mod: tvm.IRModule, params: dict | None) -> tvm.IRModule:
+    """`mod` with `params` bound as constants of main (checked_params first)."""
+    return relax.transform.BindParams("main", checked_params(mod, params))(mod) if params else mod
 
 
 def checked_params(mod: tvm.IRModule, params: dict) -> dict:
@@ -640,8 +643,7 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
     the compile cache on (schedules/common/cache.py), a model built before, by any process,
     with the same graph, weights and options is loaded from it instead (a runtime.Module,
     which relax.VirtualMachine takes the same way); `report` then gets the first build's."""
-    if params:
-        mod = relax.transform.BindParams("main", checked_params(mod, params))(mod)
+    mod = _bound(mod, params)
     llvm = llvm_target(target)
     k = cache.key("model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name), algorithm, threads,
                   fuse) if cache.enabled() else None

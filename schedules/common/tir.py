@@ -56,6 +56,6 @@ def padded_pack(indent: int, dst: str, loops: list[tuple[str, int]], inside: str
     ]
 
 
-def parse(lines: list[str]):
-    """The PrimFunc of a template's lines."""
-    return parser.parse("\n".join(lines) + "\n", extra_vars={"T": T})
+def parse(lines: list[str], **names):
+    """The PrimFunc of a template's lines; `names` are Python values the text refers to."""
+    return parser.parse("\n".join(lines) + "\n", extra_vars={"T": T, **names})

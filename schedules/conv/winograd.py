@@ -22,9 +22,9 @@ from tvm import s_tir
 
 from intrinsics.beta0 import drop_dead_inits
 from intrinsics.f32_gemm import register as register_gemm
+from intrinsics.f32_wino import emit
 from intrinsics.f32_wino import register as register_wino
 from intrinsics.templates import epilogue_expr
-from intrinsics.f32_wino import value
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino
 
@@ -109,8 +109,9 @@ def band_shapes(g: Geometry, m: int, vt: int) -> tuple[tuple, tuple]:
 
 
 def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parallel: bool,
-           post: PostOps = NO_POST_OPS) -> tuple[list[str], list[tuple[str, str]]]:
-    """TVMScript lines of the whole layer, and the (block name, intrinsic) pairs to tensorize."""
+           post: PostOps = NO_POST_OPS) -> tuple[list[str], list[tuple[str, str]], dict]:
+    """TVMScript lines of the whole layer, the (block name, intrinsic) pairs to tensorize, and
+    the names the text calls to emit its transform blocks' bodies (intrinsics.f32_wino.emit)."""
     oh, ow = g.out_hw
     alpha = m + 2
     th, tw = ceil_div(oh, m), ceil_div(ow, m)
@@ -134,11 +135,10 @@ def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parall
     ]
     L += band_pack(g, "vb", vt * m, p_shape, lanes_used=None if g.bi == BLOCK else g.bi)
     L += [
-        f"            for q, ty, tx, i, j, c in T.grid({cb}, {vt}, {tw}, {alpha}, {alpha}, {BLOCK}):",
+        f"            for q, ty, tx, c in T.grid({cb}, {vt}, {tw}, {BLOCK}):",
         "                with T.sblock('wino_in'):",
-        "                    vq, vty, vtx, vi, vj, vc = T.axis.remap('SSSSSS', [q, ty, tx, i, j, c])",
-        f"                    V[vi, vj, vty * {tw} + vtx, vq * {BLOCK} + vc] = "
-        + value(bt, lambda k, l: f"P[vq, vty * {m} + {k}, vtx * {m} + {l}, vc]"),
+        "                    vq, vty, vtx, vc = T.axis.remap('SSSS', [q, ty, tx, c])",
+        "                    transform_in(V, P, vq, vty, vtx, vc)",
         f"            for o in T.{'parallel' if o_parallel else 'serial'}({ob}):",
         # One output block's GEMM result and transformed tiles: per thread when threads split
         # the blocks.
@@ -179,11 +179,10 @@ def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parall
             kern = GemmKernel(isa, t, BLOCK, accumulate=False, prefetch=si == 0)
             tensorized.append((name, register_gemm(kern, cp)))
     L += [
-        f"                for ty, tx, i, j, c in T.grid({vt}, {tw}, {m}, {m}, {BLOCK}):",
+        f"                for ty, tx, c in T.grid({vt}, {tw}, {BLOCK}):",
         "                    with T.sblock('wino_out'):",
-        "                        vty, vtx, vi, vj, vc = T.axis.remap('SSSSS', [ty, tx, i, j, c])",
-        f"                        Y[vty * {m} + vi, vtx * {m} + vj, vc] = "
-        + value(at, lambda k, l: f"M[{k}, {l}, vty * {tw} + vtx, vc]"),
+        "                        vty, vtx, vc = T.axis.remap('SSS', [ty, tx, c])",
+        "                        transform_out(Y, M, vty, vtx, vc)",
         f"                for y, x, c in T.grid({vt * m}, {ow}, {BLOCK}):",
         "                    with T.sblock('store'):",
         "                        vy, vx, vc = T.axis.remap('SSS', [y, x, c])",
@@ -195,7 +194,14 @@ def render(g: Geometry, isa: Isa, m: int, vt: int, band_parallel: bool, o_parall
     ]
     tensorized.append(("wino_out", register_wino(wino.WinoKernel(isa, "out", m))))
     L[inner:] = ["    " + line for line in L[inner:]]
-    return L, tensorized
+    names = {
+        "transform_in": lambda v, p, vq, vty, vtx, vc: emit(
+            bt, lambda i, j: (v, [i, j, vty * tw + vtx, vq * BLOCK + vc]),
+            lambda k, l: p[vq, vty * m + k, vtx * m + l, vc]),
+        "transform_out": lambda y, mm, vty, vtx, vc: emit(
+            at, lambda i, j: (y, [vty * m + i, vtx * m + j, vc]), lambda k, l: mm[k, l, vty * tw + vtx, vc]),
+    }
+    return L, tensorized, names
 
 
 def blocked_weight_shape(g: Geometry, m: int) -> tuple:
@@ -243,8 +249,8 @@ def schedule(g: Geometry, isa: Isa, m: int, post: PostOps, blocking: ConvBlockin
     vt, band_parallel, o_parallel = _plan(g, m, blocking, threads)
     p_shape, v_shape = band_shapes(g, m, vt)
     check_elements(band=p_shape, band_transformed=v_shape)
-    lines, tiles = render(g, isa, m, vt, band_parallel, o_parallel, post)
-    sch = s_tir.Schedule(parse(lines))
+    lines, tiles, names = render(g, isa, m, vt, band_parallel, o_parallel, post)
+    sch = s_tir.Schedule(parse(lines, **names))
     if o_parallel:
         # Fewer bands than threads: the threads split the output blocks, and the band's pack and
         # input transform before them would run on one thread while the others wait (F(2)
@@ -253,9 +259,9 @@ def schedule(g: Geometry, isa: Isa, m: int, post: PostOps, blocking: ConvBlockin
             sch.parallel(sch.get_loops(sch.get_sblock(name))[1])
     for name, intrin in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
-        # A transform covers its block's last three loops (i, j, c), a GEMM tile its last three
-        # (rows, columns, K).
-        sch.tensorize(loops[-3], intrin)
+        # A transform covers its block's channel loop, a GEMM tile its last three (rows,
+        # columns, K).
+        sch.tensorize(loops[-1] if name in ("wino_in", "wino_out") else loops[-3], intrin)
     sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     sch.vectorize(sch.get_loops(sch.get_sblock("store"))[-1])
     # The GEMM tiles are beta=0: the zero fill tensorize keeps in front of each is dead.

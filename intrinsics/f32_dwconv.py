@@ -17,13 +17,12 @@ import functools
 from dataclasses import dataclass
 
 from tvm import s_tir
-from tvm.script import parser
-from tvm.script import tirx as T
 
 from microkernels import TileError
 from microkernels.f32_dwconv import BLOCK, DwKernel
 from microkernels.isa import normalize_ints
 
+from .script import parse
 from .templates import (DEFAULT_CLIP, Operand, element_body, f32, frame, free_stride, implementation_text,
                         register_text, template)
 
@@ -173,7 +172,7 @@ def row_function(t: DwRow):
     lines += element_body(f"C[{cy}, vx + {cx}, vc]", f"A[{ay} + {r} * {t.dh}, {ax} + vx * {t.sw} + {s} * {t.dw}, {t.lane('vc')}]",
                           f"B[{blk}, {t.b_index(r, s, 'vc')}]", red, " " * 12, f"Bias[{blk}, vc]" if ep.bias else None, None,
                           ep.act, t.clip)
-    sch = s_tir.Schedule(parser.parse("\n".join(lines) + "\n", extra_vars={"T": T}))
+    sch = s_tir.Schedule(parse("\n".join(lines) + "\n"))
     sch.tensorize(sch.get_loops(sch.get_sblock("row"))[0], register_dw(t))
     return tvm.IRModule({"main": sch.mod["main"]})
 

@@ -28,12 +28,12 @@ import functools
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.script import parser
 from tvm.script import tirx as T
 
 from microkernels.f32_wino import BLOCK, WinoKernel
 
 from . import registry
+from .script import parse
 
 # kind -> (src, dst) has a unit axis before the channels: (q, q, 1, 16) instead of (q, q, 16).
 UNIT_AXIS = {"in": (False, True), "out": (True, False)}
@@ -119,8 +119,8 @@ def _text(kern: WinoKernel) -> tuple[str, str]:
 def register(kern: WinoKernel) -> str:
     """Register (once) the intrinsic of a transform kernel; its name is the kernel's."""
     desc, impl = _text(kern)
-    env = {"T": T, "IR": kern.llvm_ir(), "transform": _emitter(kern)}
-    return registry.register(kern.name, parser.parse(desc, extra_vars=env), parser.parse(impl, extra_vars=env))
+    names = {"IR": kern.llvm_ir(), "transform": _emitter(kern)}
+    return registry.register(kern.name, parse(desc, **names), parse(impl, **names))
 
 
 def placement(kern: WinoKernel, src_at: tuple, src_after: tuple, dst_at: tuple, dst_after: tuple) -> tuple:
@@ -154,7 +154,7 @@ def tile_module(kern: WinoKernel, src_shape: tuple, src_at: tuple, dst_shape: tu
     ]) + "\n"
     pad = lambda at: tuple(at) + (0,) * (3 - len(at))
     transform = _emitter(kern, pad(src_at), pad(dst_at))
-    sch = s_tir.Schedule(parser.parse(text, extra_vars={"T": T, "transform": transform}))
+    sch = s_tir.Schedule(parse(text, transform=transform))
     sch.tensorize(sch.get_loops(sch.get_sblock("wino"))[0], register(kern))
     return sch.mod
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from tvm.script import parser
-from tvm.script import tirx as T
-
 from . import registry
+from .script import parse
 
 DEFAULT_CLIP = (0.0, 6.0)  # ReLU6
 
@@ -112,9 +110,7 @@ def implementation_text(frame_of, body: list[str]) -> str:
 def register_text(name: str, description: str, implementation: str, kernel_ir: str) -> str:
     """Register a description and an implementation written as TVMScript; the implementation
     names the kernel's IR `kernel_ir`."""
-    env = {"T": T}
-    return registry.register(name, parser.parse(description, extra_vars=env),
-                             parser.parse(implementation, extra_vars=env | {"kernel_ir": kernel_ir}))
+    return registry.register(name, parse(description), parse(implementation, kernel_ir=kernel_ir))
 
 
 def template(lines: list[str]) -> str:

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from intrinsics import script
+
 # "ci": few examples, fixed seed, so a CI run is repeatable and fits its time budget; the first
 # failing example is reported as found, not shrunk (each example of a compiling test takes
 # seconds, so shrinking turned a 30 s failure into minutes).
@@ -23,6 +25,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # planner in-process must not get a schedule cached before the patch, and a run must not read
 # or fill the user's cache. tests/schedules/common/test_cache.py turns it on in a folder of its own.
 os.environ["TVM_MICROKERNELS_CACHE"] = "off"
+
+# Every parsed template checked for well-formed TIR, which builds skip for speed (intrinsics.script).
+script.CHECK_WELL_FORMED = True
 
 
 def f32_tolerance(a, b, c0=None):

@@ -72,8 +72,7 @@ def declare_user_aligned(func, names):
     re-declared in the function's TVMScript signature and the script parsed back."""
     import re
 
-    from tvm.script import parser
-    from tvm.script import tirx as T
+    from intrinsics.script import parse
 
     text = func.script()
     sig = next(line for line in text.splitlines() if line.startswith("def main("))
@@ -83,7 +82,7 @@ def declare_user_aligned(func, names):
                             rf'{name}: T.Buffer(\1, "float32", align=4)', new)
         if hits != 1:
             raise RuntimeError(f"parameter {name} not found in the signature {sig!r}")
-    return parser.parse(text.replace(sig, new), extra_vars={"T": T})
+    return parse(text.replace(sig, new))
 
 
 def check_operand(name: str, arr, shape: tuple, dtype: str):

@@ -8,8 +8,7 @@ keeps every loop the template writes; these helpers keep that text written once.
 
 from __future__ import annotations
 
-from tvm.script import parser
-from tvm.script import tirx as T
+from intrinsics import script
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -58,4 +57,4 @@ def padded_pack(indent: int, dst: str, loops: list[tuple[str, int]], inside: str
 
 def parse(lines: list[str], **names):
     """The PrimFunc of a template's lines; `names` are Python values the text refers to."""
-    return parser.parse("\n".join(lines) + "\n", extra_vars={"T": T, **names})
+    return script.parse("\n".join(lines) + "\n", **names)

@@ -16,11 +16,13 @@ one that does not match (a truncated or corrupted file) is deleted and rebuilt, 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import logging
 import os
 import pickle
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,6 +33,7 @@ OFF = ("off", "0", "false", "no")
 DEFAULT_MB = 2048
 _PACKAGES = ("microkernels", "intrinsics", "schedules")
 _MEMORY: dict[str, object] = {}  # this process's loads and stores, by key
+_CHILDREN: list[int] = []  # put_library's exports still running
 
 
 def directory() -> Path | None:
@@ -190,11 +193,47 @@ def load_library(k: str):
 
 def put_library(k: str, executable, meta: dict) -> None:
     """export_library into the cache: the library first, then its metadata with the library's
-    digest, so a reader that finds the metadata finds the library it describes. Exporting links
-    the constants into the library (about 3 s for ResNet-50's 100 MB); done in a thread while
-    the VM ran, it crashed the process, so the build waits for it."""
-    if directory() is not None:
+    digest, so a reader that finds the metadata finds the library it describes.
+
+    Exporting emits the model's object code again and links its constants into the library:
+    2.8 s for ResNet-50's 118 MB, half of what the build itself now takes. On Linux a forked
+    child does it, so the build returns at once; the child holds a copy-on-write snapshot of
+    the executable, shares nothing the caller goes on to change, and writes atomically as every
+    writer does. (A thread exporting while the VM ran crashed the process.) `wait()` joins the
+    children, and does at exit, so a short script still leaves the entry behind."""
+    if directory() is None:
+        return
+    if not sys.platform.startswith("linux"):
         _put_library(k, executable, meta)
+        return
+    _reap(block=False)
+    pid = os.fork()
+    if pid == 0:  # the child: export, then leave without running the parent's exit handlers
+        code = 1
+        try:
+            _put_library(k, executable, meta)
+            code = 0
+        finally:
+            os._exit(code)
+    _CHILDREN.append(pid)
+
+
+def wait() -> None:
+    """Wait for the library exports this process started (put_library)."""
+    _reap(block=True)
+
+
+def _reap(block: bool) -> None:
+    for pid in list(_CHILDREN):
+        try:
+            done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _CHILDREN.remove(pid)
+
+
+atexit.register(wait)
 
 
 def _put_library(k: str, executable, meta: dict) -> None:

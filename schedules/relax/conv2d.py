@@ -57,7 +57,7 @@ from tvm.sym import Analyzer
 
 from microkernels import DEFAULT_TILES
 
-from ..common import cache
+from ..common import cache, parallel
 from ..common.targets import resolve, thread_count
 from ..conv import ConvParams, Geometry, PostOps, inverted_pays, schedule, schedule_inverted
 from ..conv.geometry import block_diagonal, depthwise, lane_groups
@@ -229,6 +229,7 @@ class _Swap(PyExprMutator):
         # output's padding lanes are zeros: blocking the var again is that output itself.
         self.blocked: dict = {}
         self.expands: dict = {}  # a depthwise conv's chain-end var -> the expand _Conv fused into it
+        self.ready: dict = {}  # schedule request -> its result, made up front (_prefetch)
 
     def plan(self, func: relax.Function) -> None:
         uses = exprs.uses(func)
@@ -250,6 +251,25 @@ class _Swap(PyExprMutator):
                 self.ends[end] = conv
             if self.fuse:
                 self._pair_expands(blk, uses)
+        self._prefetch()
+
+    def _prefetch(self) -> None:
+        """Schedule the distinct layers of every planned conv at once, one process per core
+        (common/parallel.py): ResNet-50's 53 convs are 23 layers, and scheduling them is most
+        of a cold build. The visit finds them in `ready`; one that failed here is scheduled
+        again where it is lowered, which raises in context."""
+        todo: dict = {}
+        for end, conv in self.ends.items():
+            ex = self.expands.get(end)
+            if ex is not None:
+                req = self._inverted_request(ex, conv)
+                todo.setdefault(req, functools.partial(schedule_inverted, *req))
+            else:
+                algorithm = self.algorithm if exprs.const(conv.call.args[1]) is not None else "direct"
+                req = self._request(conv, algorithm)
+                todo.setdefault(req, functools.partial(self._make, req))
+        made = parallel.run(list(todo.values()))
+        self.ready = {req: s for req, s in zip(todo, made) if s is not None}
 
     def _pair_expands(self, blk, uses: dict) -> None:
         """MobileNet's 1x1 expand conv (+ bias, activation) and the depthwise conv that alone
@@ -292,12 +312,26 @@ class _Swap(PyExprMutator):
         value = self._lower_inverted(ex, conv, binding.var) if ex is not None else self._lower(conv, binding.var)
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
 
-    def _schedule(self, conv: _Conv, algorithm: str):
+    def _request(self, conv: _Conv, algorithm: str) -> tuple:
         a = conv.call.attrs
         params = ConvParams(conv.data_shape, conv.weight_shape, [int(s) for s in a.strides],
                             [int(p) for p in a.padding], [int(d) for d in a.dilation], int(a.groups))
-        post = PostOps(conv.bias is not None, conv.residual is not None, conv.activation, conv.clip)
+        return params, PostOps(conv.bias is not None, conv.residual is not None, conv.activation, conv.clip), algorithm
+
+    def _make(self, req: tuple):
+        params, post, algorithm = req
         return schedule(params, post_ops=post, target=self.target, algorithm=algorithm, threads=self.threads)
+
+    def _schedule(self, conv: _Conv, algorithm: str):
+        req = self._request(conv, algorithm)
+        s = self.ready.get(req)
+        return s if s is not None else self._make(req)
+
+    def _inverted_request(self, ex: _Conv, dw: _Conv) -> tuple:
+        post_e = PostOps(ex.bias is not None, False, ex.activation, ex.clip)
+        post_d = PostOps(dw.bias is not None, False, dw.activation, dw.clip)
+        return (ex.data_shape, ex.weight_shape, dw.weight_shape, int(dw.call.attrs.strides[0]), post_e, post_d,
+                self.target)
 
     def _lower(self, conv: _Conv, var) -> relax.Expr:
         """conv's chain as a call of our PrimFunc, held in `var` (NCHW convs: _unblocked)."""
@@ -353,10 +387,10 @@ class _Swap(PyExprMutator):
         """The expand conv `ex` and the depthwise conv `dw` as one call of the fused block."""
         data, we = (self.visit_expr(x) for x in ex.call.args)
         wd = exprs.const(self.visit_expr(dw.call.args[1]))
-        post_e = PostOps(ex.bias is not None, False, ex.activation, ex.clip)
-        post_d = PostOps(dw.bias is not None, False, dw.activation, dw.clip)
-        lay, _, mod, plan = schedule_inverted(ex.data_shape, ex.weight_shape, dw.weight_shape,
-                                              int(dw.call.attrs.strides[0]), post_e, post_d, self.target)
+        req = self._inverted_request(ex, dw)
+        post_e, post_d = req[4:6]
+        made = self.ready.get(req)
+        lay, _, mod, plan = made if made is not None else schedule_inverted(*req)
         w_exp = exprs.const(we)
         packed = lay.pack_weights(_unblock_weights(w_exp, lay.expand) if ex.blocked else w_exp, wd)
         shapes = lay.shapes()

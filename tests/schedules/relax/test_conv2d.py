@@ -6,6 +6,9 @@ elementwise op left behind a conv); a model of odd layers TVM partly keeps; ResN
 under the `slow` marker (`pytest -m slow`), and in `bench resnet50`.
 """
 
+import os
+import time
+
 import numpy as np
 import pytest
 import tvm
@@ -90,6 +93,34 @@ def test_small_resnet_matches_tvm_and_runs_every_conv_on_our_kernels(small):
     names = call_tirs(opt)
     assert len(set(names)) < len(names) and len(set(opt.get_global_vars())) == len(set(names)) + 1
 
+
+
+def test_each_distinct_layer_is_scheduled_once_shared_among_processes(small, tmp_path, monkeypatch):
+    """The pass schedules every distinct layer up front, once (the cache is off in the suite,
+    so nothing else dedupes them), in two processes here; the module is the one a serial
+    build makes."""
+    from schedules.conv import dispatch
+
+    mod, _, _ = small
+    log, real = tmp_path / "scheduled", dispatch._schedule_x86
+
+    def logged(conv, post, *a, **k):
+        time.sleep(0.05)  # each item outlasts the child's start, so both processes take some
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {conv} {post}\n")
+        return real(conv, post, *a, **k)
+
+    monkeypatch.setattr(dispatch, "_schedule_x86", logged)
+    monkeypatch.setenv("TVM_MICROKERNELS_JOBS", "2")
+    report = []
+    shared = mkrelax.optimize(mod, HOST, report=report, lower=False)
+    lines = log.read_text().splitlines()
+    layers = {(tuple(r["data"]), tuple(r["weight"]), tuple(r["stride"]), r["algorithm"], r["post_ops"])
+              for r in convs(report)}
+    assert len(lines) == len(layers) < len(convs(report)), lines
+    assert len({line.split()[0] for line in lines}) == 2, lines
+    monkeypatch.setenv("TVM_MICROKERNELS_JOBS", "1")
+    tvm.ir.assert_structural_equal(shared, mkrelax.optimize(mod, HOST, lower=False))
 
 
 def test_a_tvm_target_object_builds_for_its_own_cpu(small):

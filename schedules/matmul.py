@@ -31,6 +31,7 @@ import intrinsics
 from microkernels import MATMUL_TILES, GemmKernel, Isa
 from microkernels.f32_gemm import registers_needed
 
+from .common import tuned
 from .common.compiled import CompiledOp, check_operand, check_out, declare_user_aligned
 from .common.layouts import aligned_empty
 from .common.targets import check_elements, check_emulate, host_cache_bytes, positive_int, resolve, thread_count
@@ -66,6 +67,7 @@ class Plan:
     kc: int  # K per tile call
     nk: int  # tile calls per tile
     pack_a: bool  # False: the tiles read A in place
+    source: str = "defaults"  # where the tile rates came from: the shipped ones or tune's (common/tuned.py)
 
     @property
     def mt(self) -> int:
@@ -90,13 +92,23 @@ PACK_FLOPS_PER_LANE = 2.5
 TAIL_SLOWDOWN = 2.0
 
 
+def rates(isa: Isa) -> tuple[tuple, float, str]:
+    """(tiles as (MR, NR, share of peak), pack cost in FLOPs per lane, their source): this
+    host's measurements where `tune` made them (common/tuned.py), else the shipped ones."""
+    tiles, pack = tuned.matmul_tiles(isa.name), tuned.pack_flops_per_lane(isa.name)
+    if tiles is None and pack is None:
+        return MATMUL_TILES[isa.name], PACK_FLOPS_PER_LANE, "defaults"
+    return tiles or MATMUL_TILES[isa.name], pack or PACK_FLOPS_PER_LANE, tuned.source()
+
+
 def _options(M: int, N: int, K: int, isa: Isa):
     """(estimated time in FLOPs at peak, (MR, NR), how the rows MR does not divide are done)
-    for each MATMUL_TILES entry and each way: "none" (MR divides M), "pack" (A packed and
+    for each tile of `rates` and each way: "none" (MR divides M), "pack" (A packed and
     zero-padded to whole tiles) or "tail" (a second op over the last rows, which packs B
     again)."""
-    pack = PACK_FLOPS_PER_LANE * isa.lanes
-    for mr, nr, efficiency in MATMUL_TILES[isa.name]:
+    tiles, pack_per_lane, _ = rates(isa)
+    pack = pack_per_lane * isa.lanes
+    for mr, nr, efficiency in tiles:
         per_row = 2 * ceil_div(N, nr) * nr * K / efficiency
         tail = M % mr + (mr if M % mr == 1 else 0)  # a 1-row tile cannot be tensorized
         if tail == 0:
@@ -111,7 +123,7 @@ def plan(M: int, N: int, K: int, isa: Isa, kernel: GemmKernel | None = None,
          blocking: Blocking = Blocking()) -> Plan:
     """The tile, the K slicing, and whether A is packed, for the first rows of (M, N, K) on
     one ISA: plan(...).M of them, the rest left to a tail op (matmul)."""
-    tiles = MATMUL_TILES[isa.name]
+    tiles, _, source = rates(isa)
     split = True  # a given kernel splits off the rows its MR does not divide
     if kernel is None:
         nr = tiles[0][1]
@@ -131,8 +143,8 @@ def plan(M: int, N: int, K: int, isa: Isa, kernel: GemmKernel | None = None,
     tail = M % kernel.mr
     tail += kernel.mr if tail == 1 else 0
     if nk * kc != K or (tail and (not split or tail >= M)):
-        return Plan(M, N, K, kernel, kc, nk, True)
-    return Plan(M - tail, N, K, kernel, kc, nk, False)
+        return Plan(M, N, K, kernel, kc, nk, True, source)
+    return Plan(M - tail, N, K, kernel, kc, nk, False, source)
 
 
 class MatmulOp(CompiledOp):

@@ -25,6 +25,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # planner in-process must not get a schedule cached before the patch, and a run must not read
 # or fill the user's cache. tests/schedules/common/test_cache.py turns it on in a folder of its own.
 os.environ["TVM_MICROKERNELS_CACHE"] = "off"
+# Likewise the host's measurements (`python -m microkernels tune`): the suite tests the shipped
+# defaults; tests/schedules/common/test_tuned.py writes measurements of its own.
+os.environ["TVM_MICROKERNELS_TUNE"] = "off"
 
 # Every parsed template checked for well-formed TIR, which builds skip for speed (intrinsics.script).
 script.CHECK_WELL_FORMED = True

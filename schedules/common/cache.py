@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import tuned
+
 LOG = logging.getLogger("tvm_microkernels.cache")
 ENV_DIR = "TVM_MICROKERNELS_CACHE"
 ENV_SIZE = "TVM_MICROKERNELS_CACHE_MB"
@@ -77,8 +79,9 @@ def code_version() -> str:
 
 
 def key(kind: str, *parts) -> str:
-    """A key for `parts` (their reprs, which must name every input the result depends on)."""
-    h = hashlib.sha256(f"{kind}\0{code_version()}".encode())
+    """A key for `parts` (their reprs, which must name every input the result depends on), the
+    sources and this host's measurements (tuned.py: the planners read them)."""
+    h = hashlib.sha256(f"{kind}\0{code_version()}\0{tuned.fingerprint()}".encode())
     for p in parts:
         h.update(b"\0" + repr(p).encode())
     return f"{kind}-{h.hexdigest()[:40]}"

@@ -149,14 +149,15 @@ def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, thr
                   blocking: ConvBlocking, emulate: bool):
     mr, nr = DEFAULT_TILES[isa.name]
     g = Geometry.of(conv, block=nr)
-    reason = None
+    reason, source = None, "defaults"
     if algorithm != "direct":
         if algorithm == "auto":
-            tile, reason = winograd.choose(g)
+            tile, reason, source = winograd.choose(g, isa.name, pool)
         elif tile is None:
             tile = 4
         if tile is not None:
             mod, plan = winograd.schedule(g, isa, tile, post_ops, blocking, pool, reason or "algorithm='winograd'")
+            plan = dataclasses.replace(plan, source=source)
             return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
     # Narrow groups take the depthwise family's grouped kernel unless a residual is fused (its
     # epilogue has none; the block-diagonal direct conv below has).
@@ -169,11 +170,12 @@ def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, thr
     if grouped.applies(g):  # small groups: blocks of 16 channels with block-diagonal weights
         wide = grouped.widen(g)
         mod, plan = direct.schedule(wide, isa, mr, post_ops, blocking, pool, reason)
-        plan = dataclasses.replace(plan, block_diagonal=f"{g.groups} groups of {g.cg} channels as {wide.groups} of {wide.cg}")
+        plan = dataclasses.replace(plan, block_diagonal=f"{g.groups} groups of {g.cg} channels as {wide.groups} of {wide.cg}",
+                                   source=source)
         cls = functools.partial(grouped.GroupedConv2dOp, user_geometry=g)
         return Scheduled(cls, wide, isa, mod, plan, post_ops, threads, emulate)
     mod, plan = direct.schedule(g, isa, mr, post_ops, blocking, pool, reason)
-    return Scheduled(Conv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
+    return Scheduled(Conv2dOp, g, isa, mod, dataclasses.replace(plan, source=source), post_ops, threads, emulate)
 
 
 def schedule_inverted(data_shape, expand_weight_shape, dw_weight_shape, stride=1, expand_post: PostOps = NO_POST_OPS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 
@@ -29,6 +29,9 @@ def largest_divisor(n: int, fits: Callable[[int], bool]) -> int | None:
 class Plan:
     algorithm: str  # "direct", "winograd" or "depthwise"
     reason: str  # why this algorithm: algorithm="auto"'s rule, or what the caller forced
+    # What the choice rests on: "defaults" (the shipped rules) or this host's measurements
+    # ("tuned (FILE)", common/tuned.py). Keyword-only, so the families' fields keep their order.
+    source: str = field(default="defaults", kw_only=True)
 
     def __getitem__(self, key: str):
         if key not in self.as_dict():

@@ -16,6 +16,8 @@ GEMM reads: alpha^2 / 9 times the bytes of the 3x3 weights.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tvm
 from tvm import s_tir
@@ -28,7 +30,7 @@ from intrinsics.templates import epilogue_expr
 from microkernels import DEFAULT_TILES, GemmKernel, Isa
 from microkernels import f32_wino as wino
 
-from ..common import layouts
+from ..common import layouts, tuned
 from ..common.targets import check_array, check_elements
 from ..common.tir import buffer, ceil_div, ceil_to, header, parse, region
 from .geometry import NO_POST_OPS, ConvBlocking, Geometry, PostOps, segments
@@ -54,24 +56,56 @@ def refusal(g: Geometry) -> str | None:
     return None
 
 
-def choose(g: Geometry) -> tuple[int | None, str]:
-    """algorithm="auto": (Winograd tile, or None for direct; the reason), from the output map.
+def choose(g: Geometry, isa_name: str | None = None, threads: int = 1) -> tuple[int | None, str, str]:
+    """algorithm="auto": (Winograd tile, or None for direct; the reason; its source).
 
-    Measured with `bench conv2d --algorithms direct wino2 wino4 wino6` on ResNet-50's 3x3
-    stride-1 layers (AVX2 Zen 3, 1 and 2 threads, warm and cold cache; README, Winograd): F(4)
-    was fastest or within noise of F(6) at 56x56 and 28x28 (at least 49 tiles of 4x4), F(2) at
-    14x14 (49 tiles of 2x2: F(4)'s 16 tiles leave the GEMMs too few rows and re-read a 9 MiB U
-    per band), direct at 7x7, where even F(2) was 0.9-1.3x direct's time.
+    With this host's measurements (`python -m microkernels tune`, common/tuned.py): the fastest
+    algorithm, with cold weights as in a network, on the measured layer nearest to this one
+    (map size first, then channels) among those measured at the thread count nearest `threads`
+    (the pool the layer's plan divides).
+    Without: the rule below, measured with `bench conv2d --algorithms direct wino2 wino4 wino6`
+    on ResNet-50's 3x3 stride-1 layers (AVX2 Zen 3, 1 and 2 threads, warm and cold cache;
+    README, Winograd): F(4) was fastest or within noise of F(6) at 56x56 and 28x28 (at least 49
+    tiles of 4x4), F(2) at 14x14 (49 tiles of 2x2: F(4)'s 16 tiles leave the GEMMs too few rows
+    and re-read a 9 MiB U per band), direct at 7x7, where even F(2) was 0.9-1.3x direct's time.
     """
     why = refusal(g)
     if why:
-        return None, f"direct: Winograd needs {why}"
+        return None, f"direct: Winograd needs {why}", "defaults"
+    measured = _measured(g, isa_name, threads) if isa_name else None
+    if measured is not None:
+        return measured
     oh, ow = g.out_hw
     for m in (4, 2):
         tiles = ceil_div(oh, m) * ceil_div(ow, m)
         if tiles >= AUTO_MIN_TILES:
-            return m, f"F({m}x{m}): {tiles} output tiles per image >= {AUTO_MIN_TILES}"
-    return None, f"direct: fewer than {AUTO_MIN_TILES} tiles of 2x2 per image"
+            return m, f"F({m}x{m}): {tiles} output tiles per image >= {AUTO_MIN_TILES}", "defaults"
+    return None, f"direct: fewer than {AUTO_MIN_TILES} tiles of 2x2 per image", "defaults"
+
+
+def _measured(g: Geometry, isa_name: str, threads: int) -> tuple[int | None, str, str] | None:
+    """choose() from the measured layer nearest to g: a factor of 2 in the map's side counts
+    twice a factor of 2 in the channels (the map decides how many tiles the GEMMs get)."""
+    layers = [r for r in tuned.winograd_layers(isa_name) if _times(r).get("direct")]
+    if not layers:
+        return None
+    pool = min({r.get("threads", 1) for r in layers}, key=lambda t: (abs(t - threads), t))
+    layers = [r for r in layers if r.get("threads", 1) == pool]
+    hw, ch = math.sqrt(g.out_hw[0] * g.out_hw[1]), math.sqrt(g.c * g.o)
+    near = min(layers, key=lambda r: abs(math.log2(r["hw"] / hw)) + 0.5 * abs(math.log2(r["c"] / ch)))
+    times = {k: float(v) for k, v in _times(near).items() if k == "direct" or int(k) in TILES}
+    best = min(times, key=times.get)
+    listed = ", ".join(f"{'direct' if k == 'direct' else f'F({k})'} {v * 1e3:.3g} ms" for k, v in times.items())
+    what = "direct" if best == "direct" else f"F({best}x{best})"
+    reason = (f"{what}: fastest on the measured {near['c']}x{near['hw']}x{near['hw']} layer, {pool} thread(s), "
+              f"cold weights ({listed})")
+    return (None if best == "direct" else int(best)), reason, tuned.source()
+
+
+def _times(layer: dict) -> dict:
+    """A measured layer's seconds per algorithm with cold weights, as in a network; warm where
+    only those were measured."""
+    return layer.get("seconds_network") or layer.get("seconds") or {}
 
 
 def _plan(g: Geometry, m: int, blocking: ConvBlocking, threads: int) -> tuple[int, bool, bool]:

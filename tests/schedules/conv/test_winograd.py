@@ -171,11 +171,11 @@ def test_auto_follows_the_measured_rule(hw, want):
     """ResNet-50's 3x3 stride-1 maps: F(4) down to 28x28, F(2) at 14x14, direct at 7x7 (the
     measurements behind it are in winograd.choose); it is the default for float32."""
     g = Geometry.of(ConvParams((1, 16, hw, hw), (16, 16, 3, 3), padding=1))
-    tile, reason = winograd.choose(g)
-    assert tile == want, reason
+    tile, reason, source = winograd.choose(g, HOST[4:])
+    assert tile == want and source == "defaults", reason
     op = schedules.conv2d((1, 16, hw, hw), (16, 16, 3, 3), padding=1, target=HOST)  # algorithm="auto"
     assert op.plan["algorithm"] == ("direct" if want is None else "winograd"), op.plan
-    assert op.plan.get("tile") == want and op.plan["reason"] == reason
+    assert op.plan.get("tile") == want and op.plan["reason"] == reason and op.plan["source"] == "defaults"
 
 
 @pytest.mark.parametrize("kw, why", [(dict(stride=2), "stride 1"), (dict(weight_shape=(8, 8, 1, 1)), "a 3x3 kernel"),

@@ -1,0 +1,146 @@
+"""What `python -m microkernels tune` measured on this host, read by the planners in place of
+their shipped constants (which were measured once, on one machine).
+
+The file: $TVM_MICROKERNELS_TUNE (a path; "off" ignores any), else tuned.json in the compile
+cache's folder ($XDG_CACHE_HOME/tvm-microkernels or ~/.cache/tvm-microkernels). Its "host"
+entry names the machine it was measured on: CPU model, a digest of its feature flags, core
+count and this project's version. A file for another host or version, or one that does not
+parse, is ignored with one warning, and the planners use their defaults.
+
+What the planners take from it (each falls back on its constant where the file lacks it):
+- "matmul_tiles": {isa: [[MR, NR, share of the FMA peak], ...]}, the L1-resident tile rates
+  that matmul's cost model weighs (microkernels.MATMUL_TILES' third column);
+- "pack_flops_per_lane": {isa: what packing one element costs in FLOPs per lane}
+  (matmul.PACK_FLOPS_PER_LANE), from the measured read bandwidth and FMA peak;
+- "winograd": [{"isa", "c", "hw", "seconds": {"direct", "2", "4", "6"}}, ...]: one thread,
+  warm, a 3x3 stride-1 layer of c channels in and out on an hw x hw map, each algorithm timed;
+  algorithm="auto" takes the fastest of the nearest measured layer (winograd.choose).
+Nothing here measures: an operator call never tunes by itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from importlib import metadata
+from pathlib import Path
+
+from microkernels.isa import host_cpu_flags, host_cpuinfo
+
+LOG = logging.getLogger("tvm_microkernels.tuned")
+ENV = "TVM_MICROKERNELS_TUNE"
+FORMAT = 1
+
+
+def path() -> Path | None:
+    """Where the measurements are read from and written to; None when turned off."""
+    env = os.environ.get(ENV, "")
+    if env.lower() in ("off", "0", "false", "no"):
+        return None
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tvm-microkernels" / "tuned.json"
+
+
+def version() -> str:
+    try:
+        return metadata.version("tvm-microkernels")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def host() -> dict:
+    """The identity a measurement file must carry to be used on this host."""
+    info = host_cpuinfo()
+    flags = " ".join(sorted(host_cpu_flags() or ()))
+    return {"format": FORMAT, "cpu": info.get("model name", "unknown"),
+            "family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}",
+            "flags": hashlib.sha256(flags.encode()).hexdigest()[:16], "cores": os.cpu_count(),
+            "version": version()}
+
+
+def save(data: dict, where: Path | None = None) -> Path:
+    """Write `data` (the measurements) with this host's identity, atomically, over the file's
+    measurements of this host for other ISAs, which are kept (the per-ISA entries merge)."""
+    where = where or path()
+    if where is None:
+        raise ValueError(f"{ENV}=off: nowhere to write the measurements")
+    try:
+        stat = where.stat()
+        old = load(str(where), stat.st_mtime_ns, stat.st_size) or {}
+    except OSError:
+        old = {}
+    new = data
+    data = {**old, **new}
+    for per_isa in ("matmul_tiles", "pack_flops_per_lane"):
+        data[per_isa] = {**old.get(per_isa, {}), **new.get(per_isa, {})}
+    remeasured = {r.get("isa") for r in new.get("winograd", ())}
+    data["winograd"] = [r for r in old.get("winograd", []) if r.get("isa") not in remeasured] + \
+        list(new.get("winograd", []))
+    where.parent.mkdir(parents=True, exist_ok=True)
+    tmp = where.with_name(f".{where.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({**data, "host": host()}, indent=1, sort_keys=True))
+    os.replace(tmp, where)
+    load.cache_clear()
+    return where
+
+
+def current() -> dict | None:
+    """This host's measurements, or None (no file, turned off, or not this host's)."""
+    where = path()
+    if where is None:
+        return None
+    try:
+        stat = where.stat()
+    except OSError:
+        return None
+    return load(str(where), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def load(where: str, _mtime: int, _size: int) -> dict | None:
+    """The file's measurements if it parses and names this host; else None, with a warning.
+    Keyed by modification time and size, so a file rewritten by `tune` is read again."""
+    try:
+        data = json.loads(Path(where).read_text())
+    except (OSError, ValueError) as e:
+        LOG.warning("ignoring the measurements in %s: unreadable (%s); using the shipped defaults", where, e)
+        return None
+    if not isinstance(data, dict) or data.get("host") != host():
+        theirs = data.get("host") if isinstance(data, dict) else None
+        LOG.warning("ignoring the measurements in %s: made for %s, this is %s; run `python -m microkernels tune` "
+                    "again", where, theirs, host())
+        return None
+    return data
+
+
+def fingerprint() -> str:
+    """A digest of the measurements in force ("none" without): part of the compile cache's keys."""
+    data = current()
+    return "none" if data is None else hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def source() -> str:
+    """What a plan says it came from when it read the measurements."""
+    return f"tuned ({path()})"
+
+
+def matmul_tiles(isa_name: str) -> tuple | None:
+    """((MR, NR, share), ...) measured for the ISA, or None."""
+    data = current() or {}
+    tiles = (data.get("matmul_tiles") or {}).get(isa_name)
+    return tuple((int(mr), int(nr), float(share)) for mr, nr, share in tiles) if tiles else None
+
+
+def pack_flops_per_lane(isa_name: str) -> float | None:
+    value = ((current() or {}).get("pack_flops_per_lane") or {}).get(isa_name)
+    return float(value) if value else None
+
+
+def winograd_layers(isa_name: str) -> list[dict]:
+    """The measured 3x3 stride-1 layers of this ISA: [{"c", "hw", "seconds": {alg: s}}]."""
+    return [r for r in (current() or {}).get("winograd", []) if r.get("isa") == isa_name]

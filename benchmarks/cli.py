@@ -1,5 +1,5 @@
 """Command line: `python -m microkernels bench gemm|conv2d|arm|accuracy|resnet50|mobilenet_v2|resnext50 [...]`,
-`regen-asm`, `check-tools`."""
+`tune`, `regen-asm`, `check-tools`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ def _parse_size(text: str) -> tuple[int, int, int]:
     if len(parts) != 3 or min(parts) < 1:
         raise argparse.ArgumentTypeError(f"size must be N or MxNxK with positive ints, got {text!r}")
     return tuple(parts)
+
+
+def _parse_layer(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a layer is CxHW with positive ints (channels x map side), got {text!r}")
+    return int(parts[0]), int(parts[1])
 
 
 def _add_workloads(parser) -> None:
@@ -66,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--algorithms", nargs="+", choices=["direct", "auto", "wino2", "wino4", "wino6"],
                    default=["direct"], help="timed side by side per layer (direct always); auto is conv2d's "
                    "default choice; Winograd F(m) only where it applies (3x3, stride 1)")
+    c.add_argument("--exhaustive", action="store_true",
+                   help="time direct and every Winograd tile on each layer, and print how far algorithm='auto' "
+                        "(the shipped rule, or `tune`'s measurements) is from the fastest")
     c.add_argument("--path", choices=["kernel", "blocked", "nchw", "bound"], default="kernel",
                    help="what of ours is timed: the kernel on blocked TVM tensors, run_blocked on numpy, op(x, w) on "
                         "NCHW arrays, or op.bind(w) then f(x)")
@@ -106,6 +116,15 @@ def parser() -> argparse.ArgumentParser:
                                           "(default: yes, no with --peers)")
         r.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
         r.add_argument("--plot", metavar="FILE.png", help="also draw each engine's time per row (the plot extra)")
+    t = sub.add_parser("tune", help="measure this host for the planners (tile rates, pack cost, Winograd "
+                                    "against direct) and write schedules/common/tuned.py's file")
+    t.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
+    t.add_argument("--quick", action="store_true", help="ResNet-50's four 3x3 shapes only, fewer rounds "
+                                                        "(about a minute; the full grid takes a few)")
+    t.add_argument("--layers", nargs="+", type=_parse_layer, default=None, metavar="CxHW",
+                   help="3x3 layers to time for the Winograd choice instead of the grid, e.g. 64x56 (channels x side)")
+    t.add_argument("--output", metavar="FILE", default=None,
+                   help="where to write (default: $TVM_MICROKERNELS_TUNE, else tuned.json in the cache folder)")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
     sub.add_parser("check-tools", help="self-check the ARM cross toolchains, qemu-user and llvm-mca")
     return p
@@ -128,7 +147,7 @@ def main(argv=None) -> int:
     def log(line):
         print(line, flush=True)
 
-    if args.what == "arm":
+    if getattr(args, "what", None) == "arm":
         from benchmarks import arm, conv2d
 
         layers = conv2d.load_workloads(args.workloads or conv2d.DEFAULT_WORKLOADS)
@@ -148,6 +167,13 @@ def main(argv=None) -> int:
     log(host.describe())
 
     isa = resolve(args.target)
+    if args.cmd == "tune":
+        from pathlib import Path
+
+        from benchmarks import tune
+
+        tune.run(isa, args.quick, log, Path(args.output) if args.output else None, args.layers)
+        return 0
     threads = getattr(args, "threads", None) or sorted({1, os.cpu_count() or 1})
 
     from benchmarks import gemm
@@ -175,7 +201,8 @@ def main(argv=None) -> int:
         set_threads(1)
         peak1 = gemm.measure_peak(isa)
         log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
-        result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms, args.path)
+        result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms, args.path,
+                            args.exhaustive)
     else:
         result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log, args.breakdown)
     if args.json:

@@ -27,7 +27,7 @@ import schedules
 from microkernels import Isa
 from schedules.common.targets import require_host, set_threads
 from schedules.conv import ConvParams, Geometry
-from schedules.conv.winograd import refusal
+from schedules.conv.winograd import choose, refusal
 
 from .timing import seconds_per_call, settle
 
@@ -83,6 +83,23 @@ class Layer:
         if refusal(Geometry.of(ConvParams(*shapes, stride=self.stride, padding=self.pad, groups=self.groups))):
             return None
         return schedules.conv2d(*shapes, algorithm="winograd", tile=int(algorithm.removeprefix("wino")), **kw)
+
+
+EXHAUSTIVE = ("direct", "wino2", "wino4", "wino6")
+
+
+def _distance(isa: Isa, layer: Layer, threads: int, seconds: dict, log) -> float:
+    """Log and return algorithm="auto"'s time on `layer` over the fastest algorithm's, taking
+    the chosen algorithm's time from `seconds` (timed under its own name: no second, noisier
+    timing of the same plan)."""
+    g = Geometry.of(ConvParams((1, layer.c, layer.h, layer.w), layer.weight_shape, stride=layer.stride,
+                               padding=layer.pad, groups=layer.groups))
+    tile, reason, source = choose(g, isa.name, threads)
+    chosen = "direct" if tile is None else f"wino{tile}"
+    fastest = min(seconds, key=seconds.get)
+    ratio = seconds[chosen] / seconds[fastest]
+    log(f"     auto: {chosen} ({source}); fastest {fastest}: auto/fastest {ratio:.2f}")
+    return ratio
 
 
 def workload_names() -> list[str]:
@@ -199,10 +216,14 @@ def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, co
 
 
 def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log,
-        algorithms=("direct",), path: str = "kernel") -> dict:
+        algorithms=("direct",), path: str = "kernel", exhaustive: bool = False) -> dict:
     """Every layer under each of `algorithms`, side by side with PyTorch in one run. Winograd
-    figures are effective: the direct convolution's FLOPs over the time taken."""
+    figures are effective: the direct convolution's FLOPs over the time taken. `exhaustive`:
+    every algorithm that applies is timed, and each layer says how far algorithm="auto"'s
+    choice (the rule, or this host's measurements) is from the fastest of them."""
     require_host(isa)
+    if exhaustive:
+        algorithms = EXHAUSTIVE
     # Direct runs every layer: it is the baseline of each row and stands in where Winograd can't.
     algorithms = ("direct", *(a for a in algorithms if a != "direct"))
     tv = torch_version()
@@ -236,6 +257,7 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
             tot_torch = 0.0
             by_kind: dict[str, list[float]] = {}  # kind -> [ours (first algorithm), torch], weighted
             rows = []
+            distances = []  # (auto's time over the best, layer row), exhaustive
             for layer, by_algo in zip(layers, ops):
                 x = rng.standard_normal((1, layer.c, layer.h, layer.w), dtype=np.float32)
                 w = rng.standard_normal(layer.weight_shape, dtype=np.float32)
@@ -296,6 +318,8 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 for algo, op in by_algo.items():  # a layer Winograd skips costs direct's time
                     if op is None:
                         tot_ours[algo] += base * layer.count
+                if exhaustive:
+                    distances.append((_distance(isa, layer, threads, best, log), layer.row))
             if len(by_kind) > 1:
                 log("  by kind (direct): " + "; ".join(
                     f"{k} ours {o * 1e3:.2f} ms" + (f", torch {t * 1e3:.2f} ms, ours/torch {o / t:.2f}" if tv and t else "")
@@ -307,7 +331,13 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 if tv:
                     summary += f", torch {tot_torch * 1e3:.2f} ms, ours/torch {tot_ours[algo] / tot_torch:.2f}"
                 log(summary)
+            if distances:
+                near = sum(d <= 1.05 for d, _ in distances)
+                worst, row = max(distances)
+                log(f"  exhaustive: auto within 5% of the fastest on {near} of {len(distances)} layers; "
+                    f"worst {worst:.2f}x (layer {row})")
             out["runs"].append({"threads": threads, "cache": mode, "layers": rows,
+                                "auto_over_best": [{"layer": r, "ratio": d} for d, r in distances],
                                 "by_kind_ms": {k: {"ours": o * 1e3, "torch": t * 1e3 if tv else None}
                                                for k, (o, t) in by_kind.items()},
                                 "total_ours_ms": {a: t * 1e3 for a, t in tot_ours.items()},

@@ -17,15 +17,18 @@ def flush_caches():
     _FLUSH += 1.0
 
 
-def seconds_per_call(call, number: int, repeat: int, cold: bool) -> float:
+def seconds_per_call(call, number: int, repeat: int, cold: bool, before=None) -> float:
     """Median over `repeat` of the mean time of `number` calls (after one untimed call); cold:
-    caches flushed before every call, outside the timed span."""
+    caches flushed before every call, outside the timed span; `before`, if given, runs there
+    instead (to flush, then bring back what should be warm)."""
     call()
     times = []
     for _ in range(repeat):
         total = 0.0
         for _ in range(number):
-            if cold:
+            if before is not None:
+                before()
+            elif cold:
                 flush_caches()
             t = time.perf_counter()
             call()

@@ -6,6 +6,7 @@ a user who clones or installs the project gets: a table read from a folder outsi
 would fail here as it did for them.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -62,6 +63,33 @@ def test_bench_conv2d_reads_its_packaged_table(clone):
     rows = [line.split() for line in out.splitlines() if "512x7x7->512 k3 s1 p1" in line]
     assert [r[6] for r in rows] == ["direct", "wino4"], out  # direct always runs, as the baseline
     assert "weighted total wino4" in out, out
+
+
+def test_bench_conv2d_exhaustive_says_how_far_auto_is_from_the_fastest(clone):
+    out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--layers", SMALL_LAYER, "--threads", "1",
+              "--cache", "warm", "--repeat", "1", "--exhaustive")
+    rows = [line.split() for line in out.splitlines() if "512x7x7->512 k3 s1 p1" in line]
+    assert [r[6] for r in rows] == ["direct", "wino2", "wino4", "wino6"], out
+    auto = [line for line in out.splitlines() if line.strip().startswith("auto:")]
+    assert len(auto) == 1 and "(defaults)" in auto[0] and "auto/fastest" in auto[0], out
+    assert "exhaustive: auto within 5% of the fastest on" in out, out
+
+
+def test_tune_writes_what_the_planners_then_read(clone, tmp_path):
+    """A tiny tune (one small layer): the file names this host, holds the tile rates, the pack
+    cost and the layer at each thread count, and a conv2d in a new process says it used it."""
+    where = tmp_path / "tuned.json"
+    out = cli(clone, "-m", "microkernels", "tune", "--quick", "--layers", "16x8", "--output", str(where))
+    assert "FP32 FMA peak" in out and "matmul tile" in out and f"wrote {where}" in out, out
+    data = json.loads(where.read_text())
+    isa = data["winograd"][0]["isa"]
+    assert data["host"]["cores"] == os.cpu_count() and data["matmul_tiles"][isa] and data["pack_flops_per_lane"][isa]
+    assert sorted(r["threads"] for r in data["winograd"]) == sorted({1, os.cpu_count()})
+    assert all(set(r["seconds_network"]) == {"direct", "2", "4", "6"} for r in data["winograd"])
+    out = cli(clone, "-c", "import os, schedules; os.environ['TVM_MICROKERNELS_TUNE'] = " + repr(str(where))
+              + "; print(schedules.conv2d((1, 16, 8, 8), (16, 16, 3, 3), padding=1, target='x86-" + isa
+              + "').plan['source'])")
+    assert out.strip() == f"tuned ({where})", out
 
 
 def test_bench_conv2d_draws_its_plot(clone, tmp_path):

@@ -1,0 +1,102 @@
+"""`python -m microkernels tune [--quick]`: measure on this host what the planners take from
+schedules/common/tuned.py, and write it there.
+
+Each figure is the best median of a few rounds (a busy neighbour only ever slows a run down):
+- the FP32 FMA peak;
+- each matmul tile's L1-resident rate (benchmarks.gemm.tile_gflops) as a share of that peak;
+- the read bandwidth, turned into what packing an element costs in FLOPs (a pack moves 8
+  bytes per element: 4 read, 4 written);
+- per 3x3 stride-1 layer of a grid (channels in and out x map side), direct and Winograd F(2),
+  F(4), F(6), warm and with cold weights (a layer's state in a network: _layer_seconds), on one
+  thread and on all cores, for algorithm="auto": winograd.choose takes the fastest with cold
+  weights on the nearest layer measured at the thread count the layer runs with.
+--quick measures ResNet-50's four 3x3 shapes (64x56, 128x28, 256x14, 512x7); the full grid
+adds the other pairings of those channels and sides.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import numpy as np
+import tvm
+
+from microkernels import MATMUL_TILES, GemmKernel, Isa
+from schedules.common import tuned
+from schedules.common.targets import set_threads
+
+from . import conv2d, gemm, plot, timing
+
+QUICK_LAYERS = ((64, 56), (128, 28), (256, 14), (512, 7))
+FULL_LAYERS = tuple(itertools.product((64, 128, 256, 512), (56, 28, 14, 7)))
+ALGORITHMS = ("direct", "wino2", "wino4", "wino6")
+
+
+def run(isa: Isa, quick: bool, log, where=None, layers=None) -> dict:
+    """Measure, log each figure as it comes, write the file (tuned.save) and return its data.
+    `layers`: (channels, map side) pairs instead of the grid."""
+    start = time.perf_counter()
+    set_threads(1)
+    say = lambda what: log(f"[{time.perf_counter() - start:6.1f} s] {what}")
+    peak = gemm.measure_peak(isa, iters=50_000 if quick else 200_000, repeat=3 if quick else 5)
+    say(f"FP32 FMA peak, 1 thread: {peak:.1f} GFLOP/s")
+    tiles = []
+    for mr, nr, shipped in MATMUL_TILES[isa.name]:
+        share = min(1.0, gemm.tile_gflops(GemmKernel(isa, mr, nr), calls=1000 if quick else 2000) / peak)
+        tiles.append([mr, nr, round(share, 3)])
+        say(f"matmul tile {mr}x{nr}: {share:.1%} of peak (shipped: {shipped:.0%})")
+    bandwidth = plot.measure_bandwidth(1, mib=128 if quick else 512)
+    # FLOPs the FMA units could run while one element is packed (8 bytes moved), per lane.
+    pack = round(peak * 1e9 * 8 / (bandwidth * 1e9) / isa.lanes, 2)
+    say(f"read bandwidth, 1 thread: {bandwidth:.1f} GB/s: packing costs {pack} FLOPs per lane")
+    grid, layers = layers or (QUICK_LAYERS if quick else FULL_LAYERS), []
+    for threads, (c, hw) in itertools.product(sorted({1, os.cpu_count() or 1}), grid):
+        set_threads(threads)
+        layer = conv2d.Layer(c, hw, hw, c, 3, 1, 1, 1)
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((1, c, hw, hw), np.float32)
+        w = rng.standard_normal(layer.weight_shape, np.float32)
+        number = conv2d.calls_per_repeat(2 * c * c * 9 * hw * hw, peak * threads, cold=False)
+        warm, network = {}, {}
+        for alg in ALGORITHMS:
+            key = alg.removeprefix("wino")
+            warm[key], network[key] = _layer_seconds(layer.conv(isa, threads, alg), x, w, number, 3 if quick else 5)
+        layers.append({"isa": isa.name, "c": c, "hw": hw, "threads": threads, "seconds": warm,
+                       "seconds_network": network})
+        say(f"3x3 {c}x{hw}x{hw}, {threads} thread(s), warm: {_listed(warm)}")
+        say(f"{' ' * (len(str(c)) + 2 * len(str(hw)) + len(str(threads)) + 17)}cold weights: {_listed(network)}")
+    data = {"measured": time.strftime("%Y-%m-%d %H:%M"), "quick": quick,
+            "peak_gflops": {isa.name: round(peak, 1)}, "read_gbs": round(bandwidth, 1),
+            "matmul_tiles": {isa.name: tiles}, "pack_flops_per_lane": {isa.name: pack}, "winograd": layers}
+    written = tuned.save(data, where)
+    say(f"wrote {written}; the planners read it from now on (TVM_MICROKERNELS_TUNE=off ignores it)")
+    return data
+
+
+def _layer_seconds(op, x, w, number: int, repeat: int) -> tuple[float, float]:
+    """(warm, cold weights) seconds per call of the compiled layer on blocked tensors. Cold
+    weights is a layer's state inside a network at batch 1: its weights were last read an image
+    ago (ResNet-50's 100 MB pass through the L3 once per image), its input was just written by
+    the layer before. So: flush the caches, read the input back in, then time the call."""
+    xb, wb = (tvm.runtime.tensor(a) for a in (op.to_blocked(x), op.pack_weights(w)))
+    out = tvm.runtime.empty(op.blocked_out_shape, "float32")
+    call = lambda: op.run_blocked(xb, wb, out=out)
+
+    def cold_weights():
+        timing.flush_caches()
+        xb.numpy()  # reads the input into the caches
+
+    warm = min(timing.seconds_per_call(call, number, repeat, cold=False) for _ in range(2))
+    cold = min(timing.seconds_per_call(call, 3, repeat, cold=True, before=cold_weights) for _ in range(2))
+    return warm, cold
+
+
+def _listed(seconds: dict) -> str:
+    best = min(seconds, key=seconds.get)
+    return ", ".join(f"{_name(k)} {v * 1e3:.3f} ms" for k, v in seconds.items()) + f"; fastest {_name(best)}"
+
+
+def _name(key: str) -> str:
+    return "direct" if key == "direct" else f"F({key})"

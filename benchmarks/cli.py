@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--sweep", action="store_true", help="also time every register-budget tile shape")
     g.add_argument("--breakdown", action="store_true",
                    help="also time each phase of every matmul: pack A, pack B, the tiles, the rest")
+    g.add_argument("--exhaustive", action="store_true",
+                   help="also time every matmul tile forced on each size, and print how far the chosen one is from "
+                        "the fastest")
     g.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     g.add_argument("--plot", metavar="FILE.png", help="also draw the matmuls on a roofline and ours/numpy (the plot extra)")
     c = bsub.add_parser("conv2d", help="ResNet-50 conv layers vs PyTorch (oneDNN)")
@@ -204,7 +207,8 @@ def main(argv=None) -> int:
         result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms, args.path,
                             args.exhaustive)
     else:
-        result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log, args.breakdown)
+        result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log, args.breakdown,
+                          args.exhaustive)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

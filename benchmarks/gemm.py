@@ -93,7 +93,10 @@ def phase_seconds(op, repeat: int) -> dict:
     return out
 
 
-def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log, breakdown: bool = False) -> dict:
+def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log, breakdown: bool = False,
+        exhaustive: bool = False) -> dict:
+    """`exhaustive`: each size is also run with every matmul tile forced, and each says how far
+    the planner's tile (from the shipped rates or `tune`'s) is from the fastest."""
     require_host(isa)
     set_threads(1)
     peak1 = measure_peak(isa)
@@ -114,6 +117,7 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log, breakdown
         log(f"  matmul, {threads} thread(s) (peak {peak:.0f} GFLOP/s = {threads} x 1-thread peak):")
         log(f"    {'M x N x K':>18s} {'tile':>6s} {'A':>8s} {'ours GF/s':>10s} {'%peak':>6s} {'numpy GF/s':>11s}"
             f" {'ours/numpy':>10s} {'op(a,b)/numpy':>13s}")
+        distances = []
         for M, N, K in sizes:
             op = schedules.matmul(M, N, K, target=f"x86-{isa.name}", threads=threads)
             rng = np.random.default_rng(0)
@@ -144,5 +148,31 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log, breakdown
                 log("      breakdown: " + ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.3f} ms ({100 * v / ours:.1f}%)"
                                                    for k, v in phases.items()))
                 row["breakdown_seconds"] = phases
+            if exhaustive:
+                row["tile_seconds"] = _every_tile(isa, (M, N, K), threads, a, b, number, repeat, tile, ours)
+                fastest = min(row["tile_seconds"], key=row["tile_seconds"].get)
+                ratio = ours / row["tile_seconds"][fastest]
+                distances.append((ratio, f"{M}x{N}x{K}"))
+                log("      every tile: " + ", ".join(f"{t} {v * 1e3:.3f} ms" for t, v in row["tile_seconds"].items())
+                    + f"; chosen {tile}, fastest {fastest}: chosen/fastest {ratio:.2f}")
             out["matmul"].append(row)
+        if distances:
+            worst, where = max(distances)
+            log(f"    exhaustive: the chosen tile within 5% of the fastest on {sum(d <= 1.05 for d, _ in distances)} of "
+                f"{len(distances)} sizes; worst {worst:.2f}x ({where})")
     return out
+
+
+def _every_tile(isa: Isa, size: tuple, threads: int, a, b, number: int, repeat: int, chosen: str,
+                chosen_seconds: float) -> dict:
+    """Seconds per call of the matmul with each MATMUL_TILES tile forced (the chosen one's
+    time as measured already), taking turns ROUNDS times, best median each."""
+    got = {chosen: chosen_seconds}
+    ops = {f"{mr}x{nr}": schedules.matmul(*size, target=f"x86-{isa.name}", threads=threads,
+                                          kernel=GemmKernel(isa, mr, nr))
+           for mr, nr, _ in MATMUL_TILES[isa.name] if f"{mr}x{nr}" != chosen}
+    for _ in range(ROUNDS):
+        for t, op in ops.items():
+            settle(threads, 0.2)
+            got[t] = min(got.get(t, float("inf")), statistics.median(op.time(a, b, number=number, repeat=repeat)))
+    return got

@@ -57,6 +57,14 @@ def test_bench_gemm(clone):
     assert out.startswith("host: ") and " cores; caches of cpu0: " in out.splitlines()[0], out
 
 
+def test_bench_gemm_exhaustive_times_every_tile(clone):
+    out = cli(clone, "-m", "microkernels", "bench", "gemm", "--sizes", "96", "--threads", "1", "--repeat", "1",
+              "--exhaustive")
+    every = [line for line in out.splitlines() if "every tile:" in line]
+    assert len(every) == 1 and every[0].count(" ms") >= 4 and "chosen/fastest" in every[0], out
+    assert "exhaustive: the chosen tile within 5% of the fastest on" in out, out
+
+
 def test_bench_conv2d_reads_its_packaged_table(clone):
     out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--layers", SMALL_LAYER, "--threads", "1",
               "--cache", "warm", "--repeat", "1", "--algorithms", "wino4")

@@ -149,9 +149,9 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log, breakdown
                                                    for k, v in phases.items()))
                 row["breakdown_seconds"] = phases
             if exhaustive:
-                row["tile_seconds"] = _every_tile(isa, (M, N, K), threads, a, b, number, repeat, tile, ours)
+                row["tile_seconds"] = _every_tile(isa, (M, N, K), threads, a, b, number, repeat, tile, op)
                 fastest = min(row["tile_seconds"], key=row["tile_seconds"].get)
-                ratio = ours / row["tile_seconds"][fastest]
+                ratio = row["tile_seconds"][tile] / row["tile_seconds"][fastest]
                 distances.append((ratio, f"{M}x{N}x{K}"))
                 log("      every tile: " + ", ".join(f"{t} {v * 1e3:.3f} ms" for t, v in row["tile_seconds"].items())
                     + f"; chosen {tile}, fastest {fastest}: chosen/fastest {ratio:.2f}")
@@ -164,13 +164,14 @@ def run(isa: Isa, sizes, thread_counts, repeat: int, sweep: bool, log, breakdown
 
 
 def _every_tile(isa: Isa, size: tuple, threads: int, a, b, number: int, repeat: int, chosen: str,
-                chosen_seconds: float) -> dict:
-    """Seconds per call of the matmul with each MATMUL_TILES tile forced (the chosen one's
-    time as measured already), taking turns ROUNDS times, best median each."""
-    got = {chosen: chosen_seconds}
-    ops = {f"{mr}x{nr}": schedules.matmul(*size, target=f"x86-{isa.name}", threads=threads,
-                                          kernel=GemmKernel(isa, mr, nr))
-           for mr, nr, _ in MATMUL_TILES[isa.name] if f"{mr}x{nr}" != chosen}
+                chosen_op) -> dict:
+    """Seconds per call of the matmul with each MATMUL_TILES tile forced and of the chosen op,
+    all taking turns ROUNDS times (the same conditions for each), best median each."""
+    got = {}
+    ops = {chosen: chosen_op}
+    ops.update({f"{mr}x{nr}": schedules.matmul(*size, target=f"x86-{isa.name}", threads=threads,
+                                               kernel=GemmKernel(isa, mr, nr))
+                for mr, nr, _ in MATMUL_TILES[isa.name] if f"{mr}x{nr}" != chosen})
     for _ in range(ROUNDS):
         for t, op in ops.items():
             settle(threads, 0.2)

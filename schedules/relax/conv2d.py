@@ -255,9 +255,10 @@ class _Swap(PyExprMutator):
 
     def _prefetch(self) -> None:
         """Schedule the distinct layers of every planned conv at once, one process per core
-        (common/parallel.py): ResNet-50's 53 convs are 23 layers, and scheduling them is most
-        of a cold build. The visit finds them in `ready`; one that failed here is scheduled
-        again where it is lowered, which raises in context."""
+        (common/parallel.py): ResNet-50's 53 convs are 27 distinct layers (shape and
+        post-ops), and scheduling them is most of a cold build. The visit finds them in
+        `ready`; one that failed here is scheduled again where it is lowered, which raises in
+        context."""
         todo: dict = {}
         for end, conv in self.ends.items():
             ex = self.expands.get(end)

@@ -115,7 +115,35 @@ def load(where: str, _mtime: int, _size: int) -> dict | None:
         LOG.warning("ignoring the measurements in %s: made for %s, this is %s; run `python -m microkernels tune` "
                     "again", where, theirs, host())
         return None
+    problem = _problem(data)
+    if problem:
+        LOG.warning("ignoring the measurements in %s: %s; using the shipped defaults", where, problem)
+        return None
     return data
+
+
+def _problem(data: dict) -> str | None:
+    """What makes `data` unusable by the planners (a hand-edited or truncated file), or None."""
+    positive = lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0
+    tiles = data.get("matmul_tiles", {})
+    if not isinstance(tiles, dict) or not all(
+            isinstance(t, list) and all(isinstance(e, list) and len(e) == 3 and count(e[0]) and count(e[1])
+                                        and positive(e[2]) for e in t) for t in tiles.values()):
+        return "matmul_tiles is not {isa: [[MR, NR, share], ...]}"
+    pack = data.get("pack_flops_per_lane", {})
+    if not isinstance(pack, dict) or not all(positive(v) for v in pack.values()):
+        return "pack_flops_per_lane is not {isa: FLOPs}"
+    for r in data.get("winograd", []) if isinstance(data.get("winograd", []), list) else [None]:
+        ok = isinstance(r, dict) and isinstance(r.get("isa"), str) and count(r.get("c")) and count(r.get("hw")) \
+            and count(r.get("threads", 1))
+        for k in ("seconds", "seconds_network"):
+            times = r.get(k, {}) if ok else None
+            ok = ok and isinstance(times, dict) and all(
+                (key == "direct" or key in ("2", "4", "6")) and positive(v) for key, v in times.items())
+        if not ok:
+            return f"a winograd entry is not {{isa, c, hw, threads, seconds: {{direct|2|4|6: s}}}}: {r!r}"
+    return None
 
 
 def fingerprint() -> str:

@@ -79,6 +79,28 @@ def test_a_corrupt_file_is_ignored_with_a_warning(table, text, caplog):
     assert MATMUL.rates(ISAS[ISA])[2] == "defaults"
 
 
+@pytest.mark.parametrize("data", [
+    {"matmul_tiles": {ISA: [[8, 32]]}},
+    {"matmul_tiles": {ISA: [[0, 32, 1.0]]}},
+    {"pack_flops_per_lane": {ISA: -1}},
+    {"winograd": [{"isa": ISA, "c": 64, "seconds": {"direct": 1e-3}}]},
+    {"winograd": [{"isa": ISA, "c": 64, "hw": 56, "seconds": {"direct": 1e-3, "5": 1e-3}}]},
+    {"winograd": [{"isa": ISA, "c": 64, "hw": 56, "seconds": {"direct": "fast"}}]},
+    {"winograd": "all of them"},
+], ids=["tile-without-share", "zero-rows", "negative-pack", "no-map-side", "no-such-tile", "text-seconds",
+        "not-a-list"])
+def test_a_file_the_planners_cannot_use_is_ignored_with_a_warning(table, data, caplog):
+    """A hand-edited file that still names this host: refused whole, before a planner trips on it."""
+    where = table()
+    stored = json.loads(where.read_text())
+    where.write_text(json.dumps({**stored, **data}))
+    with caplog.at_level(logging.WARNING, logger="tvm_microkernels.tuned"):
+        assert tuned.current() is None
+    assert "ignoring the measurements" in caplog.text
+    g = Geometry.of(ConvParams((1, 16, 56, 56), (16, 16, 3, 3), padding=1))
+    assert winograd.choose(g, ISA)[::2] == (4, "defaults") and MATMUL.rates(ISAS[ISA])[2] == "defaults"
+
+
 def test_off_reads_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv(tuned.ENV, "off")
     assert tuned.path() is None and tuned.current() is None and tuned.fingerprint() == "none"

@@ -1,8 +1,6 @@
 """Assembly of every kernel variant, compiled through its intrinsic (no execution needed, so the
 AVX-512 kernels are checked on any host): the property the kernel promises, then the golden dump."""
 
-import difflib
-
 import pytest
 
 from intrinsics import golden
@@ -10,6 +8,8 @@ from microkernels import asm
 from intrinsics.f32_dwconv import DwRow
 from microkernels.f32_wino import WinoKernel
 from microkernels.int_mac import MacKernel
+
+from .. import golden_dumps
 
 CASES = golden.cases()
 # The Winograd transforms are straight-line code with no K loop (test_f32_wino_asm.py states
@@ -52,13 +52,7 @@ def test_k_loop_is_the_tile_and_nothing_else(compiled_tile):
 
 def test_golden_dump_matches(compiled):
     kern, fn = compiled
-    path = golden.dump_path(kern)
-    assert path.exists(), f"{path.name} missing: run `python -m microkernels regen-asm`"
-    want, got = path.read_text(), golden.render(kern, fn)
-    if want != got:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), f"golden/{path.name}", "emitted"))
-        pytest.fail(f"assembly of {kern.name} changed (regenerate with `python -m microkernels regen-asm` "
-                    f"if intended):\n{diff}")
+    golden_dumps.check(golden.dump_path(kern), golden.render(kern, fn), f"assembly of {kern.name}")
 
 
 def test_every_dump_has_a_case():

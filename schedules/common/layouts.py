@@ -106,6 +106,10 @@ def pack_channels(v: np.ndarray, block: int) -> np.ndarray:
 # on a Zen 5 host, 1 thread, that reached 53-57 GB/s both ways and 46 GB/s for the weight
 # packing; the AVX-512 target reached 28-36 GB/s unrolled, and vectorizing the lanes (gathers)
 # 55-60 GB/s into the blocked layout but 31-33 GB/s out of it.
+# Where the channels per group fill whole 16-channel blocks (no padding lanes to write), data
+# goes both ways through microkernels.f32_transpose instead: L x L tiles transposed in registers,
+# 92-134 GB/s on AVX-512 and 74-123 on AVX2 against the TIR's 47-54 one way and 29-54 the other,
+# one thread, warm (the TIR's slow direction was the small maps' NCHW16c -> NCHW).
 # The user's side of each (NCHW data, OIHW weights, NCHW output) is declared 4-byte aligned, so
 # TVM's code assumes no more and a numpy array goes in as it is (`user_operand`), however
 # numpy aligned it; the blocked side is TVM's own 64-byte aligned memory.
@@ -149,6 +153,8 @@ def compile_to_nchwc(shape: tuple, block: int, groups: int, isa, step: tuple[int
     step (sh, sw): convert only rows and columns that are multiples of it, the pixels a 1x1
     strided convolution without padding reads; the others of `out` are left as they were."""
     n, c, h, w = shape
+    if _transposes(isa, block, c // groups) and tuple(step) == (1, 1):
+        return _compiled(transpose_module(shape, isa, into_blocks=True), isa)
     cg = c // groups
     cb = ceil_div(cg, block)
     sh, sw = step
@@ -164,12 +170,70 @@ def compile_to_nchwc(shape: tuple, block: int, groups: int, isa, step: tuple[int
 def compile_from_nchwc(blocked_shape: tuple, channels: int, groups: int, isa):
     """from_nchwc as a compiled function f(y blocked, out NCHW) on TVM tensors."""
     n, blocks, h, w, block = blocked_shape
+    if _transposes(isa, block, channels // groups) and blocks * block == channels:
+        return _compiled(transpose_module((n, channels, h, w), isa, into_blocks=False), isa)
     og, per = channels // groups, blocks // groups
     params = (f"y: T.Buffer({blocked_shape}, 'float32'), "
               f"out: T.Buffer({(n, channels, h, w)}, 'float32', align=4)")
     loops = [("i", n), ("c", channels), ("r", h), ("z", w)]
     store = f"out[vi, vc, vr, vz] = y[vi, vc // {og} * {per} + vc % {og} // {block}, vr, vz, vc % {og} % {block}]"
     return _compile(_func(params, loops, "from_nchwc", store), "from_nchwc", isa, parallel=3, split=block)
+
+
+def _transposes(isa, block: int, channels_per_group: int) -> bool:
+    """Whether the transpose kernel converts this layout: 16-channel blocks that never straddle
+    a group (no padding lanes to fill), on x86."""
+    return isa.arch == "x86" and block == 16 and channels_per_group % 16 == 0
+
+
+def _compiled(mod, isa):
+    import tvm
+
+    return tvm.compile(mod, target=isa.target)["main"]
+
+
+def transpose_module(shape: tuple, isa, into_blocks: bool):
+    """NCHW <-> NCHW16c with microkernels.f32_transpose, as an IRModule whose main(src, dst)
+    converts an NCHW `shape` into blocks (into_blocks) or back: for each 16-channel block, the
+    pixels in tiles of L (the ISA's lanes; two tiles of 8 channels each on AVX2), the last
+    P % L pixels of each block plainly. Channels a multiple of 16 (_transposes)."""
+    from microkernels.f32_transpose import TransposeKernel
+
+    n, c, h, w = shape
+    kern = TransposeKernel(isa)
+    lanes, pixels, blocks = kern.lanes, h * w, n * c // 16
+    nchw = f"T.Buffer({shape}, 'float32', align=4)"
+    blocked = f"T.Buffer({(n, c // 16, h, w, 16)}, 'float32')"
+    # Element offsets of block b's lane group k in each layout, and each side's (row, step).
+    flat = f"(b * 16 + k * {lanes}) * {pixels}"
+    packed = f"b * {pixels * 16} + k * {lanes}"
+    if into_blocks:
+        params = f"x: {nchw}, y: {blocked}"
+        src, dst = f"x.access_ptr('r', offset={flat}), {pixels}, {lanes}", f"y.access_ptr('w', offset={packed}), 16, {16 * lanes}"
+        tail = "y[vb // {cb}, vb % {cb}, vp // {w}, vp % {w}, vl] = x[vb // {cb}, vb % {cb} * 16 + vl, vp // {w}, vp % {w}]"
+    else:
+        params = f"y: {blocked}, x: {nchw}"
+        src, dst = f"y.access_ptr('r', offset={packed}), 16, {16 * lanes}", f"x.access_ptr('w', offset={flat}), {pixels}, {lanes}"
+        tail = "x[vb // {cb}, vb % {cb} * 16 + vl, vp // {w}, vp % {w}] = y[vb // {cb}, vb % {cb}, vp // {w}, vp % {w}, vl]"
+    full = pixels - pixels % lanes
+    lines = header([params]) + [
+        f"    for b in T.parallel({blocks}):",
+        "        with T.attr(0, 'pragma_import_llvm', IR):",
+        f"            for k in T.serial({16 // lanes}):",
+        f"                T.evaluate(T.call_extern('void', '{kern.name}', {src}, {dst}, {pixels // lanes}))",
+    ]
+    if full < pixels:
+        lines += [
+            f"        for p, l in T.grid({pixels - full}, 16):",
+            "            with T.sblock('tail'):",
+            "                vb = T.axis.spatial(%d, b)" % blocks,
+            f"                vp = T.axis.spatial({pixels}, {full} + p)",
+            "                vl = T.axis.spatial(16, l)",
+            "                " + tail.format(cb=c // 16, w=w),
+        ]
+    import tvm
+
+    return tvm.IRModule({"main": parse(lines, IR=kern.llvm_ir())})
 
 
 def compile_pack_weights(shape: tuple, in_block: int, out_block: int, groups: int, isa):

@@ -4,12 +4,12 @@ layer on AVX-512 runs tiles of two output blocks (7x32): its K loop holds 14 FMA
 plan cuts the reduction into chunks (the 7x7 layer), every K loop also prefetches the next
 chunk: one prefetcht1 per B vector."""
 
-import difflib
-
 import pytest
 
 from microkernels import ARM_ISAS, ISAS, asm
 from schedules import golden
+
+from .. import golden_dumps
 
 
 @pytest.fixture(scope="module", params=golden.cases(), ids=lambda c: f"{c[0]}-{c[1]}")
@@ -45,16 +45,21 @@ def test_k_loops_hold_only_the_tile(compiled):
 
 def test_golden_dump_matches(compiled):
     layer, isa, op = compiled
-    path = golden.dump_path(layer, isa)
-    assert path.exists(), f"{path.name} missing: run `python -m microkernels regen-asm`"
-    want, got = path.read_text(), golden.render(layer, isa, op)
-    if want != got:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), f"golden/{path.name}", "emitted"))
-        pytest.fail(f"hot loops of {layer} ({isa}) changed (regenerate with `python -m microkernels regen-asm` "
-                    f"if intended):\n{diff}")
+    golden_dumps.check(golden.dump_path(layer, isa), golden.render(layer, isa, op), f"hot loops of {layer} ({isa})")
 
 
 def test_every_dump_has_a_case():
     expected = {golden.dump_path(*c).name for c in golden.cases()}
     present = {p.name for p in golden.DUMP_DIR.glob("*.s")}
     assert present == expected, f"stale dumps: {present - expected}, missing: {expected - present}"
+
+
+@pytest.mark.parametrize("direction, isa", golden.transpose_cases(), ids=lambda v: v)
+def test_transpose_dump_matches(direction, isa):
+    golden_dumps.check(golden.transpose_path(direction, isa), golden.render_transpose(direction, isa),
+                       f"the {direction} transpose ({isa})")
+
+
+def test_every_transpose_dump_has_a_case():
+    expected = {golden.transpose_path(*c).name for c in golden.transpose_cases()}
+    assert {p.name for p in golden.LAYOUT_DIR.glob("*.s")} == expected

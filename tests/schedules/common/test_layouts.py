@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from microkernels.isa import best_host_isa
 from schedules.common import layouts
 
+from ...x86_exec import X86, X86_IDS, execute
+
 ISA = best_host_isa()  # the transforms are plain TVM code: the host's ISA is the one they run on
 
 
@@ -97,3 +99,22 @@ def test_compiled_transforms_equal_numpy(case, seed):
     packed = tvm.runtime.tensor(np.full(want.shape, np.nan, np.float32))
     layouts.compile_pack_weights(wt.shape, bi, bo, groups, ISA)(tvm.runtime.tensor(wt), packed)
     np.testing.assert_array_equal(packed.numpy(), want)
+
+
+@pytest.mark.parametrize("isa", X86, ids=X86_IDS)
+@pytest.mark.parametrize("shape", [(1, 16, 1, 1), (1, 16, 4, 4), (2, 32, 7, 7), (1, 48, 3, 11), (1, 16, 1, 17),
+                                   (1, 32, 8, 8)])
+def test_the_transposing_transforms_move_every_bit(isa, shape):
+    """Channels in whole blocks take the register transpose (microkernels/f32_transpose.py) both
+    ways: every bit pattern (NaNs with payloads, infinities, -0, subnormals) arrives unchanged,
+    whole tiles and the pixels past the last one (P % L) alike, and nothing else is written."""
+    assert layouts._transposes(isa, 16, shape[1])
+    rng = np.random.default_rng(sum(shape))
+    x = rng.integers(0, 2**32, size=shape, dtype=np.uint32).view(np.float32)
+    want = layouts.to_nchwc(x, 16)
+    lib = tvm.compile(layouts.transpose_module(shape, isa, into_blocks=True), target=isa.target)
+    got, = execute(lib, isa, [x, np.full(want.shape, 7.0, np.float32)], [1])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    lib = tvm.compile(layouts.transpose_module(shape, isa, into_blocks=False), target=isa.target)
+    back, = execute(lib, isa, [want, np.full(shape, 7.0, np.float32)], [1])
+    np.testing.assert_array_equal(back.view(np.uint32), x.view(np.uint32))

@@ -108,8 +108,8 @@ def pack_channels(v: np.ndarray, block: int) -> np.ndarray:
 # 55-60 GB/s into the blocked layout but 31-33 GB/s out of it.
 # Where the channels per group fill whole 16-channel blocks (no padding lanes to write), data
 # goes both ways through microkernels.f32_transpose instead: L x L tiles transposed in registers,
-# 92-134 GB/s on AVX-512 and 74-123 on AVX2 against the TIR's 47-54 one way and 29-54 the other,
-# one thread, warm (the TIR's slow direction was the small maps' NCHW16c -> NCHW).
+# 89-121 GB/s on AVX-512 and 70-113 on AVX2 against the TIR's 46-52 into blocks and 28-54 out of
+# them, one thread, warm (176-205, 129-206 and 53-101 at two), from 64x112x112 to 2048x7x7.
 # The user's side of each (NCHW data, OIHW weights, NCHW output) is declared 4-byte aligned, so
 # TVM's code assumes no more and a numpy array goes in as it is (`user_operand`), however
 # numpy aligned it; the blocked side is TVM's own 64-byte aligned memory.

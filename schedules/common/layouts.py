@@ -110,6 +110,8 @@ def pack_channels(v: np.ndarray, block: int) -> np.ndarray:
 # goes both ways through microkernels.f32_transpose instead: L x L tiles transposed in registers,
 # 89-121 GB/s on AVX-512 and 70-113 on AVX2 against the TIR's 46-52 into blocks and 28-54 out of
 # them, one thread, warm (176-205, 129-206 and 53-101 at two), from 64x112x112 to 2048x7x7.
+# A 1x1 layer's weights (O and C in whole blocks) are such tiles too: 26-27 GB/s in TIR against
+# 91 through the transpose on 2048x1024 and 512x2048, one thread (52-53 against 187-194 at two).
 # The user's side of each (NCHW data, OIHW weights, NCHW output) is declared 4-byte aligned, so
 # TVM's code assumes no more and a numpy array goes in as it is (`user_operand`), however
 # numpy aligned it; the blocked side is TVM's own 64-byte aligned memory.
@@ -236,10 +238,37 @@ def transpose_module(shape: tuple, isa, into_blocks: bool):
     return tvm.IRModule({"main": parse(lines, IR=kern.llvm_ir())})
 
 
+def transpose_weights_module(shape: tuple, isa):
+    """pack_weights of a 1x1 layer, (O, C, 1, 1) -> (O/16, C/16, 1, 1, 16, 16), O and C multiples
+    of 16, groups 1, with microkernels.f32_transpose: each 16 x 16 block of the (O, C) matrix is
+    transposed (a row of output channels' weights becomes a column), so the packing reads the
+    weights once at the transpose's rate instead of the TIR's (the large 1x1 layers' 4-8 MB of
+    weights dominated op(x, w) on two threads). main(w, out)."""
+    from microkernels.f32_transpose import TransposeKernel
+
+    o, c = shape[:2]
+    kern = TransposeKernel(isa)
+    lanes, ib = kern.lanes, c // 16
+    halves = 16 // lanes  # AVX2: each 16 x 16 block as four 8 x 8 quadrants
+    lines = header([f"w: T.Buffer({shape}, 'float32', align=4), out: T.Buffer({(o // 16, ib, 1, 1, 16, 16)}, 'float32')"]) + [
+        f"    for ob in T.parallel({o // 16}):",
+        "        with T.attr(0, 'pragma_import_llvm', IR):",
+        f"            for a, b in T.grid({halves}, {halves}):",
+        (f"                T.evaluate(T.call_extern('void', '{kern.name}', "
+         f"w.access_ptr('r', offset=(ob * 16 + a * {lanes}) * {c} + b * {lanes}), {c}, 16, "
+         f"out.access_ptr('w', offset=ob * {ib * 256} + b * {lanes * 16} + a * {lanes}), 16, 256, {ib}))"),
+    ]
+    import tvm
+
+    return tvm.IRModule({"main": parse(lines, IR=kern.llvm_ir())})
+
+
 def compile_pack_weights(shape: tuple, in_block: int, out_block: int, groups: int, isa):
     """pack_weights as a compiled function f(w OIHW, out (groups*OB, IB, KH, KW, in_block,
     out_block)) on TVM tensors."""
     o, cg, kh, kw = shape
+    if _transposes(isa, in_block, cg) and (groups, kh, kw, out_block) == (1, 1, 1, 16) and o % 16 == 0:
+        return _compiled(transpose_weights_module(shape, isa), isa)
     og = o // groups
     ob, ib = ceil_div(og, out_block), ceil_div(cg, in_block)
     packed = (groups * ob, ib, kh, kw, in_block, out_block)

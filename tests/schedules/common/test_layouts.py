@@ -118,3 +118,16 @@ def test_the_transposing_transforms_move_every_bit(isa, shape):
     lib = tvm.compile(layouts.transpose_module(shape, isa, into_blocks=False), target=isa.target)
     back, = execute(lib, isa, [want, np.full(shape, 7.0, np.float32)], [1])
     np.testing.assert_array_equal(back.view(np.uint32), x.view(np.uint32))
+
+
+@pytest.mark.parametrize("isa", X86, ids=X86_IDS)
+@pytest.mark.parametrize("shape", [(16, 16, 1, 1), (32, 48, 1, 1), (48, 32, 1, 1), (64, 256, 1, 1)])
+def test_1x1_weights_pack_through_the_transpose_bit_for_bit(isa, shape):
+    """A 1x1 layer's OIHW weights, O and C in whole blocks: each 16 x 16 block of (O, C) is one
+    transposed tile (four 8 x 8 quadrants on AVX2), every bit kept, nothing else written."""
+    rng = np.random.default_rng(sum(shape))
+    w = rng.integers(0, 2**32, size=shape, dtype=np.uint32).view(np.float32)
+    want = layouts.pack_weights(w, 16, 16, 1)
+    lib = tvm.compile(layouts.transpose_weights_module(shape, isa), target=isa.target)
+    got, = execute(lib, isa, [w, np.full(want.shape, 7.0, np.float32)], [1])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

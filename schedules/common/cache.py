@@ -26,12 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import tuned
+from . import files, tuned
 
 LOG = logging.getLogger("tvm_microkernels.cache")
 ENV_DIR = "TVM_MICROKERNELS_CACHE"
 ENV_SIZE = "TVM_MICROKERNELS_CACHE_MB"
-OFF = ("off", "0", "false", "no")
 DEFAULT_MB = 2048
 _PACKAGES = ("microkernels", "intrinsics", "schedules")
 _MEMORY: dict[str, object] = {}  # this process's loads and stores, by key
@@ -40,13 +39,7 @@ _CHILDREN: list[int] = []  # put_library's exports still running
 
 def directory() -> Path | None:
     """The cache's root, or None when TVM_MICROKERNELS_CACHE turns it off."""
-    env = os.environ.get(ENV_DIR, "")
-    if env.lower() in OFF:
-        return None
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tvm-microkernels"
+    return files.from_env(ENV_DIR, files.user_folder())
 
 
 def enabled() -> bool:
@@ -90,18 +83,6 @@ def key(kind: str, *parts) -> str:
 def _path(k: str, suffix: str) -> Path:
     kind, digest = k.split("-", 1)
     return directory() / kind / digest[:2] / f"{k}{suffix}"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _sealed(payload: bytes) -> bytes:
@@ -164,7 +145,7 @@ def put(k: str, value) -> None:
         return
     _MEMORY[k] = value
     try:
-        _write_atomic(_path(k, ".pkl"), _sealed(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)))
+        files.write_atomic(_path(k, ".pkl"), _sealed(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)))
         evict()
     except OSError as e:
         LOG.warning("could not write cache entry %s: %s", k, e)
@@ -248,7 +229,7 @@ def _put_library(k: str, executable, meta: dict) -> None:
             executable.export_library(str(built))
             data = built.read_bytes()
             os.replace(built, lib)
-        _write_atomic(meta_path, _sealed(pickle.dumps({**meta, "so_sha256": hashlib.sha256(data).hexdigest()})))
+        files.write_atomic(meta_path, _sealed(pickle.dumps({**meta, "so_sha256": hashlib.sha256(data).hexdigest()})))
         evict()
     except Exception as e:  # the build has its executable: a failed copy is logged, not raised
         LOG.warning("could not write cache entry %s: %s", k, e)

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from microkernels.isa import host_cpu_flags, host_cpuinfo
 
+from . import files
+
 LOG = logging.getLogger("tvm_microkernels.tuned")
 ENV = "TVM_MICROKERNELS_TUNE"
 FORMAT = 1
@@ -37,13 +39,7 @@ FORMAT = 1
 
 def path() -> Path | None:
     """Where the measurements are read from and written to; None when turned off."""
-    env = os.environ.get(ENV, "")
-    if env.lower() in ("off", "0", "false", "no"):
-        return None
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tvm-microkernels" / "tuned.json"
+    return files.from_env(ENV, files.user_folder() / "tuned.json")
 
 
 def version() -> str:
@@ -69,11 +65,7 @@ def save(data: dict, where: Path | None = None) -> Path:
     where = where or path()
     if where is None:
         raise ValueError(f"{ENV}=off: nowhere to write the measurements")
-    try:
-        stat = where.stat()
-        old = load(str(where), stat.st_mtime_ns, stat.st_size) or {}
-    except OSError:
-        old = {}
+    old = _read(where) or {}
     new = data
     data = {**old, **new}
     for per_isa in ("matmul_tiles", "pack_flops_per_lane"):
@@ -81,10 +73,7 @@ def save(data: dict, where: Path | None = None) -> Path:
     remeasured = {r.get("isa") for r in new.get("winograd", ())}
     data["winograd"] = [r for r in old.get("winograd", []) if r.get("isa") not in remeasured] + \
         list(new.get("winograd", []))
-    where.parent.mkdir(parents=True, exist_ok=True)
-    tmp = where.with_name(f".{where.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({**data, "host": host()}, indent=1, sort_keys=True))
-    os.replace(tmp, where)
+    files.write_atomic(where, json.dumps({**data, "host": host()}, indent=1, sort_keys=True).encode())
     load.cache_clear()
     return where
 
@@ -92,8 +81,10 @@ def save(data: dict, where: Path | None = None) -> Path:
 def current() -> dict | None:
     """This host's measurements, or None (no file, turned off, or not this host's)."""
     where = path()
-    if where is None:
-        return None
+    return None if where is None else _read(where)
+
+
+def _read(where: Path) -> dict | None:
     try:
         stat = where.stat()
     except OSError:

@@ -266,8 +266,7 @@ class _Swap(PyExprMutator):
                 req = self._inverted_request(ex, conv)
                 todo.setdefault(req, functools.partial(schedule_inverted, *req))
             else:
-                algorithm = self.algorithm if exprs.const(conv.call.args[1]) is not None else "direct"
-                req = self._request(conv, algorithm)
+                req = self._request(conv, self._algorithm(exprs.const(conv.call.args[1])))
                 todo.setdefault(req, functools.partial(self._make, req))
         made = parallel.run(list(todo.values()))
         self.ready = {req: s for req, s in zip(todo, made) if s is not None}
@@ -313,6 +312,11 @@ class _Swap(PyExprMutator):
         value = self._lower_inverted(ex, conv, binding.var) if ex is not None else self._lower(conv, binding.var)
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
 
+    def _algorithm(self, weight) -> str:
+        """The pass's algorithm for a conv whose weight is `weight` (a numpy constant or None):
+        Winograd needs constant weights, which it transforms at compile time."""
+        return self.algorithm if weight is not None else "direct"
+
     def _request(self, conv: _Conv, algorithm: str) -> tuple:
         a = conv.call.attrs
         params = ConvParams(conv.data_shape, conv.weight_shape, [int(s) for s in a.strides],
@@ -338,8 +342,7 @@ class _Swap(PyExprMutator):
         """conv's chain as a call of our PrimFunc, held in `var` (NCHW convs: _unblocked)."""
         data, weight = (self.visit_expr(x) for x in conv.call.args)
         w_const = exprs.const(weight)
-        algorithm = self.algorithm if w_const is not None else "direct"  # Winograd needs constant weights
-        s = self._schedule(conv, algorithm)
+        s = self._schedule(conv, self._algorithm(w_const))
         g: Geometry = s.geometry
         op = s.cls(g, s.isa, None, None, s.plan, s.post)
         if conv.blocked and (tuple(g.data_shape) != exprs.shape(data) or (s.plan.algorithm == "direct" and tuple(g.weight_shape) != exprs.shape(weight))):

@@ -218,12 +218,7 @@ def transpose_module(shape: tuple, isa, into_blocks: bool):
         src, dst = f"y.access_ptr('r', offset={packed}), 16, {16 * lanes}", f"x.access_ptr('w', offset={flat}), {pixels}, {lanes}"
         tail = "x[vb // {cb}, vb % {cb} * 16 + vl, vp // {w}, vp % {w}] = y[vb // {cb}, vb % {cb}, vp // {w}, vp % {w}, vl]"
     full = pixels - pixels % lanes
-    lines = header([params]) + [
-        f"    for b in T.parallel({blocks}):",
-        "        with T.attr(0, 'pragma_import_llvm', IR):",
-        f"            for k in T.serial({16 // lanes}):",
-        f"                T.evaluate(T.call_extern('void', '{kern.name}', {src}, {dst}, {pixels // lanes}))",
-    ]
+    lines = _transpose_calls(kern, params, blocks, [("k", 16 // lanes)], f"{src}, {dst}, {pixels // lanes}")
     if full < pixels:
         lines += [
             f"        for p, l in T.grid({pixels - full}, 16):",
@@ -233,9 +228,7 @@ def transpose_module(shape: tuple, isa, into_blocks: bool):
             "                vl = T.axis.spatial(16, l)",
             "                " + tail.format(cb=c // 16, w=w),
         ]
-    import tvm
-
-    return tvm.IRModule({"main": parse(lines, IR=kern.llvm_ir())})
+    return _transpose_module(kern, lines)
 
 
 def transpose_weights_module(shape: tuple, isa):
@@ -250,14 +243,26 @@ def transpose_weights_module(shape: tuple, isa):
     kern = TransposeKernel(isa)
     lanes, ib = kern.lanes, c // 16
     halves = 16 // lanes  # AVX2: each 16 x 16 block as four 8 x 8 quadrants
-    lines = header([f"w: T.Buffer({shape}, 'float32', align=4), out: T.Buffer({(o // 16, ib, 1, 1, 16, 16)}, 'float32')"]) + [
-        f"    for ob in T.parallel({o // 16}):",
+    params = f"w: T.Buffer({shape}, 'float32', align=4), out: T.Buffer({(o // 16, ib, 1, 1, 16, 16)}, 'float32')"
+    args = (f"w.access_ptr('r', offset=(b * 16 + i * {lanes}) * {c} + j * {lanes}), {c}, 16, "
+            f"out.access_ptr('w', offset=b * {ib * 256} + j * {lanes * 16} + i * {lanes}), 16, 256, {ib}")
+    return _transpose_module(kern, _transpose_calls(kern, params, o // 16, [("i", halves), ("j", halves)], args))
+
+
+def _transpose_calls(kern, params: str, blocks: int, loops: list[tuple[str, int]], args: str) -> list[str]:
+    """The entry function of a transpose module: for each of `blocks` blocks in parallel, a call
+    of the kernel with `args` per iteration of `loops` ((var, extent), the lane groups), which
+    name the block `b`."""
+    names, extents = ", ".join(v for v, _ in loops), ", ".join(str(e) for _, e in loops)
+    return header([params]) + [
+        f"    for b in T.parallel({blocks}):",
         "        with T.attr(0, 'pragma_import_llvm', IR):",
-        f"            for a, b in T.grid({halves}, {halves}):",
-        (f"                T.evaluate(T.call_extern('void', '{kern.name}', "
-         f"w.access_ptr('r', offset=(ob * 16 + a * {lanes}) * {c} + b * {lanes}), {c}, 16, "
-         f"out.access_ptr('w', offset=ob * {ib * 256} + b * {lanes * 16} + a * {lanes}), 16, 256, {ib}))"),
+        f"            for {names} in T.grid({extents}):",
+        f"                T.evaluate(T.call_extern('void', '{kern.name}', {args}))",
     ]
+
+
+def _transpose_module(kern, lines: list[str]):
     import tvm
 
     return tvm.IRModule({"main": parse(lines, IR=kern.llvm_ir())})

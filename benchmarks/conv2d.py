@@ -73,6 +73,11 @@ class Layer:
             return "depthwise"
         return "pointwise" if self.k == 1 and self.groups == 1 else "other"
 
+    @property
+    def geometry(self) -> Geometry:
+        return Geometry.of(ConvParams((1, self.c, self.h, self.w), self.weight_shape, stride=self.stride,
+                                      padding=self.pad, groups=self.groups))
+
     def conv(self, isa: Isa, threads: int, algorithm: str = "direct"):
         """Our op for `algorithm`: "direct", "auto" (conv2d's default choice) or "wino2"/"wino4"/
         "wino6" (Winograd F(m x m, 3 x 3)); None where Winograd cannot compute the layer."""
@@ -80,7 +85,7 @@ class Layer:
         kw = dict(stride=self.stride, padding=self.pad, groups=self.groups, target=f"x86-{isa.name}", threads=threads)
         if algorithm in ("direct", "auto"):
             return schedules.conv2d(*shapes, algorithm=algorithm, **kw)
-        if refusal(Geometry.of(ConvParams(*shapes, stride=self.stride, padding=self.pad, groups=self.groups))):
+        if refusal(self.geometry):
             return None
         return schedules.conv2d(*shapes, algorithm="winograd", tile=int(algorithm.removeprefix("wino")), **kw)
 
@@ -92,9 +97,7 @@ def _distance(isa: Isa, layer: Layer, threads: int, seconds: dict, log) -> float
     """Log and return algorithm="auto"'s time on `layer` over the fastest algorithm's, taking
     the chosen algorithm's time from `seconds` (timed under its own name: no second, noisier
     timing of the same plan)."""
-    g = Geometry.of(ConvParams((1, layer.c, layer.h, layer.w), layer.weight_shape, stride=layer.stride,
-                               padding=layer.pad, groups=layer.groups))
-    tile, reason, source = choose(g, isa.name, threads)
+    tile, reason, source = choose(layer.geometry, isa.name, threads)
     chosen = "direct" if tile is None else f"wino{tile}"
     fastest = min(seconds, key=seconds.get)
     ratio = seconds[chosen] / seconds[fastest]
@@ -184,6 +187,14 @@ ROUNDS = 3
 PATHS = ("kernel", "blocked", "nchw", "bound")
 
 
+def blocked_call(op, x, w):
+    """(a call of op's compiled module on TVM tensors made once, its blocked input tensor): the
+    input converted and the weights packed beforehand, the output written in place."""
+    xb, wb = (tvm.runtime.tensor(a) for a in (op.to_blocked(x), op.pack_weights(w)))
+    out = tvm.runtime.empty(op.blocked_out_shape, "float32")
+    return (lambda: op.run_blocked(xb, wb, out=out)), xb
+
+
 def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, cold: bool) -> float:
     """Median seconds per call of `op` on one of the user paths (PATHS):
     kernel  the compiled module alone on TVM tensors made once (op.time);
@@ -199,9 +210,7 @@ def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, co
         # evaluator: it evicts the arguments but leaves the L3 clean, while a flush that writes
         # leaves it full of dirty lines the next call must write back, as PyTorch's calls face.
         # Checking TVM tensors costs microseconds against these milliseconds.
-        xb, wb = (tvm.runtime.tensor(a) for a in (op.to_blocked(x), op.pack_weights(w)))
-        out = tvm.runtime.empty(op.blocked_out_shape, "float32")
-        call = lambda: op.run_blocked(xb, wb, out=out)  # noqa: E731
+        call, _ = blocked_call(op, x, w)
     elif path == "blocked":
         xb, wb = op.to_blocked(x), op.pack_weights(w)
         call = lambda: op.run_blocked(xb, wb)  # noqa: E731

@@ -21,11 +21,11 @@ import os
 import time
 
 import numpy as np
-import tvm
 
 from microkernels import MATMUL_TILES, GemmKernel, Isa
 from schedules.common import tuned
 from schedules.common.targets import set_threads
+from schedules.conv.winograd import label
 
 from . import conv2d, gemm, plot, timing
 
@@ -65,8 +65,9 @@ def run(isa: Isa, quick: bool, log, where=None, layers=None) -> dict:
             warm[key], network[key] = _layer_seconds(layer.conv(isa, threads, alg), x, w, number, 3 if quick else 5)
         layers.append({"isa": isa.name, "c": c, "hw": hw, "threads": threads, "seconds": warm,
                        "seconds_network": network})
-        say(f"3x3 {c}x{hw}x{hw}, {threads} thread(s), warm: {_listed(warm)}")
-        say(f"{' ' * (len(str(c)) + 2 * len(str(hw)) + len(str(threads)) + 17)}cold weights: {_listed(network)}")
+        what = f"3x3 {c}x{hw}x{hw}, {threads} thread(s), "
+        say(f"{what}warm: {_listed(warm)}")
+        say(f"{' ' * len(what)}cold weights: {_listed(network)}")
     data = {"measured": time.strftime("%Y-%m-%d %H:%M"), "quick": quick,
             "peak_gflops": {isa.name: round(peak, 1)}, "read_gbs": round(bandwidth, 1),
             "matmul_tiles": {isa.name: tiles}, "pack_flops_per_lane": {isa.name: pack}, "winograd": layers}
@@ -80,9 +81,7 @@ def _layer_seconds(op, x, w, number: int, repeat: int) -> tuple[float, float]:
     weights is a layer's state inside a network at batch 1: its weights were last read an image
     ago (ResNet-50's 100 MB pass through the L3 once per image), its input was just written by
     the layer before. So: flush the caches, read the input back in, then time the call."""
-    xb, wb = (tvm.runtime.tensor(a) for a in (op.to_blocked(x), op.pack_weights(w)))
-    out = tvm.runtime.empty(op.blocked_out_shape, "float32")
-    call = lambda: op.run_blocked(xb, wb, out=out)
+    call, xb = conv2d.blocked_call(op, x, w)
 
     def cold_weights():
         timing.flush_caches()
@@ -95,8 +94,4 @@ def _layer_seconds(op, x, w, number: int, repeat: int) -> tuple[float, float]:
 
 def _listed(seconds: dict) -> str:
     best = min(seconds, key=seconds.get)
-    return ", ".join(f"{_name(k)} {v * 1e3:.3f} ms" for k, v in seconds.items()) + f"; fastest {_name(best)}"
-
-
-def _name(key: str) -> str:
-    return "direct" if key == "direct" else f"F({key})"
+    return ", ".join(f"{label(k)} {v * 1e3:.3f} ms" for k, v in seconds.items()) + f"; fastest {label(best)}"

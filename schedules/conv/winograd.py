@@ -95,11 +95,16 @@ def _measured(g: Geometry, isa_name: str, threads: int) -> tuple[int | None, str
     near = min(layers, key=lambda r: abs(math.log2(r["hw"] / hw)) + 0.5 * abs(math.log2(r["c"] / ch)))
     times = {k: float(v) for k, v in _times(near).items() if k == "direct" or int(k) in TILES}
     best = min(times, key=times.get)
-    listed = ", ".join(f"{'direct' if k == 'direct' else f'F({k})'} {v * 1e3:.3g} ms" for k, v in times.items())
+    listed = ", ".join(f"{label(k)} {v * 1e3:.3g} ms" for k, v in times.items())
     what = "direct" if best == "direct" else f"F({best}x{best})"
     reason = (f"{what}: fastest on the measured {near['c']}x{near['hw']}x{near['hw']} layer, {pool} thread(s), "
               f"cold weights ({listed})")
     return (None if best == "direct" else int(best)), reason, tuned.source()
+
+
+def label(key: str) -> str:
+    """A measured algorithm's name for people: "direct", or "F(m)" for the tile key "m"."""
+    return "direct" if key == "direct" else f"F({key})"
 
 
 def _times(layer: dict) -> dict:

@@ -24,6 +24,11 @@ ISA = HOST[4:]
 MATMUL = importlib.import_module("schedules.matmul")  # the module: schedules.matmul is the function
 
 
+def times(fastest: str) -> dict:
+    """Seconds per algorithm of a measured layer where `fastest` wins by a factor of two."""
+    return {k: (1e-3 if k == fastest else 2e-3) for k in ("direct", "2", "4", "6")}
+
+
 @pytest.fixture
 def table(tmp_path, monkeypatch):
     """Write measurements for this host to a file of the test's own and return the writer."""
@@ -131,7 +136,6 @@ def test_winograd_auto_follows_the_nearest_measured_layer(table, fastest, want):
     """A 56x56 layer, which the shipped rule gives F(4): the measurements decide instead, from
     the nearest measured layer (56x56 at 64 channels, not the 7x7 one), and the op computes the
     same convolution."""
-    times = lambda best: {k: (1e-3 if k == best else 2e-3) for k in ("direct", "2", "4", "6")}
     table(winograd=[{"isa": ISA, "c": 64, "hw": 56, "seconds": times(fastest)},
                     {"isa": ISA, "c": 512, "hw": 7, "seconds": times("4")},
                     {"isa": "not-this-isa", "c": 32, "hw": 56, "seconds": times("4")}])
@@ -150,7 +154,6 @@ def test_winograd_auto_follows_the_nearest_measured_layer(table, fastest, want):
 def test_the_measurements_at_the_nearest_thread_count_decide(table):
     """Measured at 1 and 2 threads with different winners: a layer planned for 2 threads (or
     more) follows the 2-thread figures, one for 1 thread the 1-thread ones."""
-    times = lambda best: {k: (1e-3 if k == best else 2e-3) for k in ("direct", "2", "4", "6")}
     table(winograd=[{"isa": ISA, "c": 64, "hw": 56, "threads": 1, "seconds": times("6")},
                     {"isa": ISA, "c": 64, "hw": 56, "threads": 2, "seconds": times("2")}])
     g = Geometry.of(ConvParams((1, 64, 56, 56), (64, 64, 3, 3), padding=1))

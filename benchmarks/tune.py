@@ -25,7 +25,6 @@ import numpy as np
 from microkernels import MATMUL_TILES, GemmKernel, Isa
 from schedules.common import tuned
 from schedules.common.targets import set_threads
-from schedules.conv.winograd import label
 
 from . import conv2d, gemm, plot, timing
 
@@ -94,4 +93,9 @@ def _layer_seconds(op, x, w, number: int, repeat: int) -> tuple[float, float]:
 
 def _listed(seconds: dict) -> str:
     best = min(seconds, key=seconds.get)
-    return ", ".join(f"{label(k)} {v * 1e3:.3f} ms" for k, v in seconds.items()) + f"; fastest {label(best)}"
+    return ", ".join(f"{_name(k)} {v * 1e3:.3f} ms" for k, v in seconds.items()) + f"; fastest {_name(best)}"
+
+
+def _name(key: str) -> str:
+    # winograd.label's spelling; the conv families may be imported by benchmarks.conv2d only.
+    return "direct" if key == "direct" else f"F({key})"

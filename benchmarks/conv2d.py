@@ -9,6 +9,10 @@ thread a pause comes before each turn: TVM's and OpenMP's idle workers spin for 
 a call and would steal the other side's cores.
 Cold cache: before every single call the caches are flushed, the same way for both sides (a
 64 MiB write, timing.flush_caches), so every call starts with weights and input in DRAM.
+"Network" cache: flushed, then the input read back in, as a layer inside a network at batch 1
+meets it (the layer before just wrote its input; its weights were last read an image ago).
+--exhaustive times every candidate plan autotune would (direct variants, Winograd tiles) and
+says how far algorithm="auto"'s choice is from the fastest.
 """
 
 from __future__ import annotations
@@ -26,11 +30,10 @@ import tvm
 import schedules
 from microkernels import Isa
 from schedules.common.targets import require_host, set_threads
-from schedules.conv import ConvParams, Geometry
-from schedules.conv.winograd import choose, refusal
-
-from .timing import seconds_per_call, settle
-
+from schedules.common.timing import flush_caches, seconds_per_call, settle
+from schedules.conv import NO_POST_OPS, ConvParams, Geometry
+from schedules.conv.dispatch import plan_label, schedule_args, scheduled_candidates
+from schedules.conv.winograd import refusal
 
 # Workload tables ship inside the package (benchmarks/workloads/<name>_conv2d.csv), so a clone
 # or an installed copy finds them with nothing beside it.
@@ -74,15 +77,26 @@ class Layer:
         return "pointwise" if self.k == 1 and self.groups == 1 else "other"
 
     @property
+    def shapes(self) -> tuple:
+        return (1, self.c, self.h, self.w), self.weight_shape
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(stride=self.stride, padding=self.pad, groups=self.groups)
+
+    @property
+    def geometry_params(self) -> ConvParams:
+        return ConvParams(*self.shapes, **self.kwargs)
+
+    @property
     def geometry(self) -> Geometry:
-        return Geometry.of(ConvParams((1, self.c, self.h, self.w), self.weight_shape, stride=self.stride,
-                                      padding=self.pad, groups=self.groups))
+        return Geometry.of(self.geometry_params)
 
     def conv(self, isa: Isa, threads: int, algorithm: str = "direct"):
         """Our op for `algorithm`: "direct", "auto" (conv2d's default choice) or "wino2"/"wino4"/
         "wino6" (Winograd F(m x m, 3 x 3)); None where Winograd cannot compute the layer."""
-        shapes = (1, self.c, self.h, self.w), self.weight_shape
-        kw = dict(stride=self.stride, padding=self.pad, groups=self.groups, target=f"x86-{isa.name}", threads=threads)
+        shapes = self.shapes
+        kw = {**self.kwargs, "target": f"x86-{isa.name}", "threads": threads}
         if algorithm in ("direct", "auto"):
             return schedules.conv2d(*shapes, algorithm=algorithm, **kw)
         if refusal(self.geometry):
@@ -93,15 +107,28 @@ class Layer:
 EXHAUSTIVE = ("direct", "wino2", "wino4", "wino6")
 
 
+def other_plans(isa: Isa, layer: Layer, threads: int) -> dict:
+    """{label: op} of the layer's candidate plans (conv.dispatch.candidates, what autotune
+    times) other than the planned direct conv and Winograd, which run under their own names."""
+    conv = layer.geometry_params
+    plans = scheduled_candidates(conv, NO_POST_OPS, isa, threads)
+    return {plan_label(s.plan): s.build() for c, s in plans[1:] if c["algorithm"] == "direct"}
+
+
 def _distance(isa: Isa, layer: Layer, threads: int, seconds: dict, log) -> float:
-    """Log and return algorithm="auto"'s time on `layer` over the fastest algorithm's, taking
-    the chosen algorithm's time from `seconds` (timed under its own name: no second, noisier
-    timing of the same plan)."""
-    tile, reason, source = choose(layer.geometry, isa.name, threads)
-    chosen = "direct" if tile is None else f"wino{tile}"
+    """Log and return algorithm="auto"'s time on `layer` over the fastest plan's, taking the
+    chosen plan's time from `seconds` ({plan_label: s}, each timed under its own name: no
+    second, noisier timing of the same plan)."""
+    plan = schedule_args(*layer.shapes, target=f"x86-{isa.name}", threads=threads, **layer.kwargs).plan
+    chosen = plan_label(plan)
     fastest = min(seconds, key=seconds.get)
+    if chosen not in seconds:  # a plan no candidate is (the depthwise family): nothing to choose
+        log(f"     auto: {chosen} ({plan.source}), the only plan")
+        return 1.0
     ratio = seconds[chosen] / seconds[fastest]
-    log(f"     auto: {chosen} ({source}); fastest {fastest}: auto/fastest {ratio:.2f}")
+    listed = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in sorted(seconds.items(), key=lambda kv: kv[1]))
+    log(f"     every plan (ms): {listed}")
+    log(f"     auto: {chosen} ({plan.source}); fastest {fastest}: auto/fastest {ratio:.2f}")
     return ratio
 
 
@@ -138,7 +165,21 @@ def calls_per_repeat(flops: int, peak_gflops: float, cold: bool) -> int:
     return 1 if cold else max(1, int(0.02 * peak_gflops * 1e9 / flops))
 
 
-def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, cold: bool) -> float:
+def _network_state(data):
+    """`before` for timing a call as inside a network at batch 1 (cache mode "network"): the
+    caches flushed, so the weights come from memory, then the input read back in, as the layer
+    before just wrote it. What autotune and `tune` time (schedules/conv/autotune.py)."""
+    read = data.numpy if hasattr(data, "numpy") else data.sum
+
+    def before():
+        flush_caches()
+        read()
+
+    return before
+
+
+def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, cold: bool,
+                  network: bool = False) -> float:
     import torch
 
     torch.set_num_threads(threads)
@@ -146,7 +187,7 @@ def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, co
     run = lambda: torch.nn.functional.conv2d(tx, tw, stride=layer.stride, padding=layer.pad,  # noqa: E731
                                              groups=layer.groups)
     with torch.no_grad():
-        return seconds_per_call(run, number, repeat, cold)
+        return seconds_per_call(run, number, repeat, cold, before=_network_state(x) if network else None)
 
 
 def dw_loop_gflops(isa: Isa, layer: Layer, calls: int = 2000, repeat: int = 5) -> float:
@@ -195,13 +236,16 @@ def blocked_call(op, x, w):
     return (lambda: op.run_blocked(xb, wb, out=out)), xb
 
 
-def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, cold: bool) -> float:
-    """Median seconds per call of `op` on one of the user paths (PATHS):
+def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, cold: bool,
+                 network: bool = False) -> float:
+    """Median seconds per call of `op` on one of the user paths (PATHS); network: cold
+    weights, warm input (_network_state):
     kernel  the compiled module alone on TVM tensors made once (op.time);
     blocked op.run_blocked on numpy arrays in the blocked layouts (weights packed beforehand);
     nchw    op(x, w) on the NCHW / OIHW arrays PyTorch gets, weights packed on every call;
     bound   op.bind(w) once, then f(x) on the NCHW array."""
     set_threads(threads)
+    data = x
     if path == "kernel" and not cold:
         xb, wb = op.to_blocked(x), op.pack_weights(w)
         return statistics.median(op.time(xb, wb, number=number, repeat=repeat))
@@ -210,10 +254,10 @@ def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, co
         # evaluator: it evicts the arguments but leaves the L3 clean, while a flush that writes
         # leaves it full of dirty lines the next call must write back, as PyTorch's calls face.
         # Checking TVM tensors costs microseconds against these milliseconds.
-        call, _ = blocked_call(op, x, w)
+        call, data = blocked_call(op, x, w)
     elif path == "blocked":
-        xb, wb = op.to_blocked(x), op.pack_weights(w)
-        call = lambda: op.run_blocked(xb, wb)  # noqa: E731
+        data, wb = op.to_blocked(x), op.pack_weights(w)
+        call = lambda: op.run_blocked(data, wb)  # noqa: E731
     elif path == "nchw":
         call = lambda: op(x, w)  # noqa: E731
     elif path == "bound":
@@ -221,7 +265,7 @@ def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, co
         call = lambda: f(x)  # noqa: E731
     else:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    return seconds_per_call(call, number, repeat, cold)
+    return seconds_per_call(call, number, repeat, cold, before=_network_state(data) if network else None)
 
 
 def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log,
@@ -255,8 +299,10 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
     rng = np.random.default_rng(0)
     for threads in thread_counts:
         ops = [{a: layer.conv(isa, threads, a) for a in algorithms} for layer in layers]
+        # exhaustive: the direct conv's other candidate plans, timed in the same turns
+        extras = [other_plans(isa, layer, threads) if exhaustive else {} for layer in layers]
         for mode in modes:
-            cold = mode == "cold"
+            cold, network = mode in ("cold", "network"), mode == "network"
             peak = peak1 * threads
             log(f"conv2d, {threads} thread(s), {mode} cache, path {path} (peak {peak:.0f} GFLOP/s):")
             log(f"  {'#':>2s} {'layer':34s} {'n':>2s} {'algo':>6s} {'ours ms':>8s} {'GF/s':>6s} {'%peak':>5s}"
@@ -267,7 +313,7 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
             by_kind: dict[str, list[float]] = {}  # kind -> [ours (first algorithm), torch], weighted
             rows = []
             distances = []  # (auto's time over the best, layer row), exhaustive
-            for layer, by_algo in zip(layers, ops):
+            for layer, by_algo, extra in zip(layers, ops, extras):
                 x = rng.standard_normal((1, layer.c, layer.h, layer.w), dtype=np.float32)
                 w = rng.standard_normal(layer.weight_shape, dtype=np.float32)
                 number = calls_per_repeat(by_algo["direct"].flops, peak, cold)
@@ -277,16 +323,16 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 for _ in range(ROUNDS):
                     if tv:
                         settle(threads, 0.1)
-                        t = torch_seconds(layer, x, w, threads, number, repeat, cold)
+                        t = torch_seconds(layer, x, w, threads, number, repeat, cold, network)
                         ref = t if ref is None else min(ref, t)
-                    for algo, op in by_algo.items():
+                    for algo, op in (*by_algo.items(), *extra.items()):
                         if op is not None:  # None: Winograd cannot run this layer
                             settle(threads, 0.1)
-                            t = ours_seconds(op, path, x, w, threads, number, repeat, cold)
+                            t = ours_seconds(op, path, x, w, threads, number, repeat, cold, network)
                             best[algo] = min(best.get(algo, t), t)
                     if path != "kernel":  # the same op's module alone, in the same turns
                         settle(threads, 0.1)
-                        t = ours_seconds(by_algo["direct"], "kernel", x, w, threads, number, repeat, cold)
+                        t = ours_seconds(by_algo["direct"], "kernel", x, w, threads, number, repeat, cold, network)
                         kernel = t if kernel is None else min(kernel, t)
                 if ref is not None:
                     tot_torch += ref * layer.count
@@ -328,7 +374,9 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                     if op is None:
                         tot_ours[algo] += base * layer.count
                 if exhaustive:
-                    distances.append((_distance(isa, layer, threads, best, log), layer.row))
+                    named = {plan_label(by_algo[a].plan) if a in by_algo and by_algo[a] is not None else a: t
+                             for a, t in best.items()}
+                    distances.append((_distance(isa, layer, threads, named, log), layer.row))
             if len(by_kind) > 1:
                 log("  by kind (direct): " + "; ".join(
                     f"{k} ours {o * 1e3:.2f} ms" + (f", torch {t * 1e3:.2f} ms, ours/torch {o / t:.2f}" if tv and t else "")

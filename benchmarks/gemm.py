@@ -14,7 +14,7 @@ import schedules
 from microkernels import MATMUL_TILES, FmaPeakKernel, GemmKernel, Isa, max_tiles
 from schedules.common.targets import require_host, set_threads
 
-from .timing import seconds_per_call, settle
+from schedules.common.timing import seconds_per_call, settle
 
 ROUNDS = 3
 

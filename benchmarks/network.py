@@ -23,16 +23,18 @@ model (the VM's instrument hook) and sorts it with classify().
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
 import numpy as np
 
 from microkernels import Isa
+from schedules.common import tuned
 from schedules.common.targets import require_host, set_threads
+from schedules.common.timing import seconds_per_call
 
 from . import peers
-from .timing import seconds_per_call
 
 ROUNDS = 3
 PAUSE = 0.1  # s between turns: TVM's idle workers spin briefly after a call and would steal cores
@@ -185,8 +187,17 @@ class _Case:
             t0 = time.perf_counter()
         self.report: list = []
         llvm = mkrelax.llvm_target(target)
-        self.ours = _vm(tvm.compile(mkrelax.optimize(mod, target, report=self.report), target=llvm))
+        # --autotune: "ours" on the shipped rules alone, beside the autotuned build
+        with tuned.ignored() if options["autotune"] else contextlib.nullcontext():
+            self.ours = _vm(tvm.compile(mkrelax.optimize(mod, target, report=self.report), target=llvm))
         log(f"{self.tag} optimize + compile ours: {time.perf_counter() - t0:.1f} s; {_summarize(self.report)}")
+        self.tuned = None
+        if options["autotune"]:
+            t0, tuned_report = time.perf_counter(), []
+            self.tuned = _vm(tvm.compile(mkrelax.optimize(mod, target, report=tuned_report, autotune=True), target=llvm))
+            log(f"{self.tag} autotune + optimize + compile: {time.perf_counter() - t0:.1f} s; "
+                f"{sum('winograd' == r.get('algorithm') for r in tuned_report)} Winograd convs (rules: "
+                f"{sum('winograd' == r.get('algorithm') for r in self.report)})")
         self.unfused = self.default = None
         if options["unfused"]:
             self.unfused = _vm(tvm.compile(mkrelax.optimize(mod, target, fuse=False), target=llvm))
@@ -213,6 +224,8 @@ class _Case:
     def time(self, engines, repeat: int) -> dict[str, float]:
         """ms per engine: the engines take turns, ROUNDS rounds, best per-round median."""
         turns = [("ours", lambda: _time_vm(self.ours, self.x, repeat))]
+        if self.tuned is not None:
+            turns.append(("autotuned", lambda: _time_vm(self.tuned, self.x, repeat)))
         if self.unfused is not None:
             turns.append(("unfused", lambda: _time_vm(self.unfused, self.x, repeat)))
         turns += [(e.name, lambda e=e: seconds_per_call(e.run, 1, repeat, cold=False)) for e in engines]
@@ -243,13 +256,15 @@ def _log_breakdown(symbols: dict[str, float], row: dict, log) -> None:
 
 
 def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True, model: str = "resnet50",
-        style: str = "folded", peers: bool = False, batches=(1,)) -> dict:
+        style: str = "folded", peers: bool = False, batches=(1,), autotune: bool = False) -> dict:
     """Build, check and time `model` in `style` ("folded", "user" or "both") at each batch size
-    and thread count; one table row per (batch, threads); the figures as a dict."""
+    and thread count; one table row per (batch, threads); the figures as a dict. autotune: also
+    an "autotuned" build (optimize(autotune=True), every conv layer's plans timed on this host,
+    at the first thread count), and "ours" then plans from the shipped rules alone."""
     import torch
 
     require_host(isa)
-    options = {"unfused": not peers, "default": default_tvm, "peers": peers}
+    options = {"unfused": not peers and not autotune, "default": default_tvm, "peers": peers, "autotune": autotune}
     result = {"model": model, "isa": isa.name, "rounds": ROUNDS, "repeat": repeat, "engines": {}, "report": {},
               "rows": []}
     worst = 0.0
@@ -259,6 +274,8 @@ def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True
         for c in cases:
             result["report"][c.tag[1:-1]] = c.report
             worst = max(worst, c.check("ours", _first(c.ours["main"](c.x)).numpy(), log))
+            if c.tuned is not None:
+                worst = max(worst, c.check("autotuned", _first(c.tuned["main"](c.x)).numpy(), log))
             ready[c.batch] = c.engines(threads[0])
             for e in ready[c.batch]:
                 if e.name not in result["engines"]:
@@ -268,13 +285,14 @@ def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True
                     worst = max(worst, c.check(e.name, e.run(), log))
         for why in cases[0].peers.skipped if cases[0].peers else []:
             log(why)
-        cols = ["ours"] + (["unfused"] if options["unfused"] else []) + [
+        cols = ["ours"] + (["autotuned"] if autotune else []) + (["unfused"] if options["unfused"] else []) + [
             e.name for e in ready[cases[0].batch] if e.name != "PyTorch"] + ["PyTorch"]
         dflt_col = st == "folded" and (options["default"] or not peers)  # nan where skipped, as before --peers
         log(f"[{st}] {model}, {ROUNDS} rounds x {repeat} runs, best per-round median")
         log(f"{'threads':>7} {'batch':>5} " + " ".join(f"{SHORT.get(n, n) + ' ms':>11}" for n in cols)
             + (f" {'TVM dflt':>9}" if dflt_col else "")
-            + (f" {'ours/best-peer':>14}" if peers else f" {'ours/PT':>8} {'fusion saves':>12}"))
+            + (f" {'ours/best-peer':>14}" if peers else f" {'ours/PT':>8}")
+            + (f" {'fusion saves':>12}" if options["unfused"] else "") + (f" {'tuned/ours':>10}" if autotune else ""))
         for t in threads:
             set_threads(t)
             torch.set_num_threads(t)
@@ -287,12 +305,17 @@ def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True
                     row["tvm_default_ms"] = _time_vm(c.default, c.x, 1) * 1e3 if c.default is not None else float("nan")
                     line += f" {row['tvm_default_ms']:>9.1f}"
                 if peers:
-                    best = min((v, n) for n, v in ms.items() if n not in ("ours", "unfused"))
+                    best = min((v, n) for n, v in ms.items() if n not in ("ours", "unfused", "autotuned"))
                     row["ours_over_best_peer"], row["best_peer"] = ms["ours"] / best[0], best[1]
                     line += f" {ms['ours'] / best[0]:>8.2f} ({SHORT.get(best[1], best[1])})"
                 else:
                     row["ours_over_torch"] = ms["ours"] / ms["PyTorch"]
-                    line += f" {row['ours_over_torch']:>8.2f} {ms['unfused'] - ms['ours']:>10.2f}ms"
+                    line += f" {row['ours_over_torch']:>8.2f}"
+                if options["unfused"]:
+                    line += f" {ms['unfused'] - ms['ours']:>10.2f}ms"
+                if autotune:
+                    row["autotuned_over_ours"] = ms["autotuned"] / ms["ours"]
+                    line += f" {row['autotuned_over_ours']:>10.3f}"
                 log(line)
                 time.sleep(PAUSE)  # the last engine's idle workers spin, as between turns
                 _log_breakdown(profile(c.ours, c.x), row, log)

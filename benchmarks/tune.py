@@ -12,6 +12,11 @@ Each figure is the best median of a few rounds (a busy neighbour only ever slows
   weights on the nearest layer measured at the thread count the layer runs with.
 --quick measures ResNet-50's four 3x3 shapes (64x56, 128x28, 256x14, 512x7); the full grid
 adds the other pairings of those channels and sides.
+
+--autotune TABLE...: then every layer of those workload tables (benchmarks/workloads) is
+autotuned as conv2d(..., autotune=True) would, at one thread and at all cores: its candidate
+plans compiled and timed, the fastest kept per layer (schedules/conv/autotune.py), which
+algorithm="auto" and the Relax pass then take for those layers.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import time
 import numpy as np
 
 from microkernels import MATMUL_TILES, GemmKernel, Isa
-from schedules.common import tuned
+from schedules.common import timing, tuned
 from schedules.common.targets import set_threads
+from schedules.conv import ConvParams, measure
 
-from . import conv2d, gemm, plot, timing
+from . import conv2d, gemm, plot
 
 QUICK_LAYERS = ((64, 56), (128, 28), (256, 14), (512, 7))
 FULL_LAYERS = tuple(itertools.product((64, 128, 256, 512), (56, 28, 14, 7)))
@@ -73,6 +79,30 @@ def run(isa: Isa, quick: bool, log, where=None, layers=None) -> dict:
     written = tuned.save(data, where)
     say(f"wrote {written}; the planners read it from now on (TVM_MICROKERNELS_TUNE=off ignores it)")
     return data
+
+
+def autotune_tables(isa: Isa, tables: list[str], log) -> list[dict]:
+    """Autotune every layer of the workload tables at 1 thread and at all cores, again where
+    they were timed before; log each layer's fastest plan. Returns the entries."""
+    start, entries = time.perf_counter(), []
+    layers = [layer for table in tables for layer in conv2d.load_workloads(table)]
+    for threads in sorted({1, os.cpu_count() or 1}):
+        for layer in layers:
+            g = layer.geometry
+            params = ConvParams((1, layer.c, layer.h, layer.w), layer.weight_shape, stride=layer.stride,
+                                padding=layer.pad, groups=layer.groups)
+            entry = measure(params, target=f"x86-{isa.name}", threads=threads, again=True)
+            if entry is None:
+                log(f"[{time.perf_counter() - start:6.1f} s] {layer.label}: nothing to choose "
+                    f"({'depthwise' if g.depthwise else 'one plan'})")
+                continue
+            entries.append(entry)
+            seconds = entry["seconds"]
+            best = min(seconds, key=seconds.get)
+            runner_up = sorted(seconds.values())[1] if len(seconds) > 1 else seconds[best]
+            log(f"[{time.perf_counter() - start:6.1f} s] {layer.label}, {threads} thread(s): {best} "
+                f"{seconds[best] * 1e3:.3f} ms, next {runner_up / seconds[best]:.2f}x, of {len(seconds)} plans")
+    return entries
 
 
 def _layer_seconds(op, x, w, number: int, repeat: int) -> tuple[float, float]:

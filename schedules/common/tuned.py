@@ -14,12 +14,19 @@ What the planners take from it (each falls back on its constant where the file l
   (matmul.PACK_FLOPS_PER_LANE), from the measured read bandwidth and FMA peak;
 - "winograd": [{"isa", "c", "hw", "seconds": {"direct", "2", "4", "6"}}, ...]: one thread,
   warm, a 3x3 stride-1 layer of c channels in and out on an hw x hw map, each algorithm timed;
-  algorithm="auto" takes the fastest of the nearest measured layer (winograd.choose).
-Nothing here measures: an operator call never tunes by itself.
+  algorithm="auto" takes the fastest of the nearest measured layer (winograd.choose);
+- "layers": [{"isa", "layer", "threads", "choice", "seconds"}, ...]: one layer's candidate
+  plans timed on this host (conv2d(..., autotune=True), optimize(..., autotune=True) or
+  `tune --models`), keyed by the layer's shapes and parameters (conv.dispatch.layer_key) and
+  the threads it runs on; algorithm="auto" takes its "choice" ({"algorithm": "direct", "mr",
+  "blocks", "band_rows", "band_parallel"} or {"algorithm": "winograd", "tile"}) over any rule.
+Nothing here measures: an operator call never tunes unless asked to (autotune=True). With
+$TVM_MICROKERNELS_TUNE=off, what autotune measures is kept for this process only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -73,14 +80,34 @@ def save(data: dict, where: Path | None = None) -> Path:
     remeasured = {r.get("isa") for r in new.get("winograd", ())}
     data["winograd"] = [r for r in old.get("winograd", []) if r.get("isa") not in remeasured] + \
         list(new.get("winograd", []))
+    retimed = {_layer_id(r) for r in new.get("layers", ())}
+    data["layers"] = [r for r in old.get("layers", []) if _layer_id(r) not in retimed] + list(new.get("layers", []))
     files.write_atomic(where, json.dumps({**data, "host": host()}, indent=1, sort_keys=True).encode())
     load.cache_clear()
     return where
 
 
+_IGNORING = False  # inside ignored()
+# Layers autotune timed while the file is turned off (or ignored): this process's only.
+_MEMORY: dict[tuple, dict] = {}
+
+
+@contextlib.contextmanager
+def ignored():
+    """Plans made inside take the shipped defaults, as if nothing had been measured (and
+    autotune keeps what it measures in this process): to compare the two in one run."""
+    global _IGNORING, _MEMORY
+    before, memory = _IGNORING, _MEMORY
+    _IGNORING, _MEMORY = True, {}
+    try:
+        yield
+    finally:
+        _IGNORING, _MEMORY = before, memory
+
+
 def current() -> dict | None:
-    """This host's measurements, or None (no file, turned off, or not this host's)."""
-    where = path()
+    """This host's measurements, or None (no file, turned off, not this host's, or ignored)."""
+    where = None if _IGNORING else path()
     return None if where is None else _read(where)
 
 
@@ -134,12 +161,21 @@ def _problem(data: dict) -> str | None:
                 (key == "direct" or key in ("2", "4", "6")) and positive(v) for key, v in times.items())
         if not ok:
             return f"a winograd entry is not {{isa, c, hw, threads, seconds: {{direct|2|4|6: s}}}}: {r!r}"
+    for r in data.get("layers", []) if isinstance(data.get("layers", []), list) else [None]:
+        ok = isinstance(r, dict) and isinstance(r.get("isa"), str) and isinstance(r.get("layer"), str) \
+            and count(r.get("threads")) and isinstance(r.get("choice"), dict) \
+            and r["choice"].get("algorithm") in ("direct", "winograd") and isinstance(r.get("seconds"), dict) \
+            and all(positive(v) for v in r["seconds"].values())
+        if not ok:
+            return f"a layers entry is not {{isa, layer, threads, choice: {{algorithm, ...}}, seconds}}: {r!r}"
     return None
 
 
 def fingerprint() -> str:
     """A digest of the measurements in force ("none" without): part of the compile cache's keys."""
     data = current()
+    if _MEMORY:
+        data = {**(data or {}), "this process": sorted(_MEMORY.values(), key=lambda r: json.dumps(r, sort_keys=True))}
     return "none" if data is None else hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -158,6 +194,31 @@ def matmul_tiles(isa_name: str) -> tuple | None:
 def pack_flops_per_lane(isa_name: str) -> float | None:
     value = ((current() or {}).get("pack_flops_per_lane") or {}).get(isa_name)
     return float(value) if value else None
+
+
+def _layer_id(r: dict) -> tuple:
+    return r.get("isa"), r.get("layer"), r.get("threads")
+
+
+def layer(isa_name: str, key: str, threads: int) -> dict | None:
+    """The layer's timed entry ({"choice", "seconds", "source": what a plan names}) for this
+    ISA and thread count, or None."""
+    found = _MEMORY.get((isa_name, key, threads))
+    if found is not None:
+        return {**found, "source": "autotuned (this process)"}
+    found = next((r for r in (current() or {}).get("layers", []) if _layer_id(r) == (isa_name, key, threads)), None)
+    return None if found is None else {**found, "source": source()}
+
+
+def save_layer(isa_name: str, key: str, threads: int, choice: dict, seconds: dict) -> None:
+    """Keep what autotune measured on a layer: in the file, or in this process where the file
+    is turned off."""
+    entry = {"isa": isa_name, "layer": key, "threads": threads, "choice": choice,
+             "seconds": {k: float(v) for k, v in seconds.items()}}
+    if path() is None or _IGNORING:
+        _MEMORY[_layer_id(entry)] = entry
+        return
+    save({"layers": [entry]})
 
 
 def winograd_layers(isa_name: str) -> list[dict]:

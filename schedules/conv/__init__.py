@@ -3,11 +3,11 @@ per family (direct, grouped, winograd, depthwise, int8_arm, each with applies() 
 layer's shape decides it, and schedule(); inverted fuses a 1x1 expand with the depthwise conv
 after it), and dispatch, which alone imports the families."""
 
-from .dispatch import conv2d, inverted_pays, inverted_residual, schedule, schedule_args, schedule_inverted
+from .dispatch import conv2d, inverted_pays, inverted_residual, measure, schedule, schedule_args, schedule_inverted
 from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
 from .op import BoundConv2d, Conv2dOp, Scheduled
 from .plans import DepthwisePlan, DirectPlan, Plan, WinogradPlan
 
 __all__ = ["BoundConv2d", "Conv2dOp", "ConvBlocking", "ConvParams", "DepthwisePlan", "DirectPlan", "Geometry",
            "NO_POST_OPS", "Plan", "PostOps", "Quantization", "Scheduled", "WinogradPlan", "conv2d",
-           "inverted_pays", "inverted_residual", "schedule", "schedule_args", "schedule_inverted"]
+           "inverted_pays", "inverted_residual", "measure", "schedule", "schedule_args", "schedule_inverted"]

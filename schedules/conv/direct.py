@@ -23,7 +23,7 @@ and the output-channel blocks otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm import s_tir
 
@@ -81,16 +81,76 @@ def bands(g: Geometry, blocking: ConvBlocking, threads: int) -> tuple[int, bool]
     return vh, True
 
 
+def two_blocks_fit(g: Geometry, isa: Isa, mr: int, shortest: int = 2) -> bool:
+    """Whether tiles may span two output blocks: groups = 1, an even number of blocks, and every
+    tile of a row at least `shortest` pixels wide with two blocks' accumulators in registers."""
+    if g.groups != 1 or g.ob % 2:
+        return False
+    return all(shortest <= t and registers_needed(isa, t, 2 * g.block) <= isa.vector_registers
+               for _, _, t in segments(g.out_hw[1], mr))
+
+
 def output_blocks(g: Geometry, isa: Isa, mr: int) -> int:
     """Output blocks per tile: 2 where every tile of a row is short (4 to 14 pixels, as on the
     7- and 14-wide layers) and two blocks' accumulators fit in the registers, else 1. A short
     one-block tile has too few independent FMA chains to cover the FMA latency (7x16: 80% of
     peak in L1 on Zen 5, 7x32: 99%). Only groups = 1 layers with an even number of blocks."""
-    if g.groups != 1 or g.ob % 2:
-        return 1
-    two = 2 * g.block
-    ok = all(4 <= t and registers_needed(isa, t, two) <= isa.vector_registers for _, _, t in segments(g.out_hw[1], mr))
-    return 2 if ok else 1
+    return 2 if two_blocks_fit(g, isa, mr, shortest=4) else 1
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The direct plan's free choices: pixels per tile, output blocks per tile, output rows per
+    band, and whether threads split the bands (else each band's output blocks). The rules above
+    pick one (planned); autotune times a few others (variants) on the host."""
+
+    mr: int
+    blocks: int
+    band_rows: int
+    band_parallel: bool
+
+    @property
+    def label(self) -> str:
+        return f"direct {self.mr}x{self.blocks} {'bands' if self.band_parallel else 'blocks'} of {self.band_rows}"
+
+    def check(self, g: Geometry, isa: Isa) -> None:
+        """Refuse a variant this layer cannot run (a hand-edited measurement file)."""
+        if not (isinstance(self.mr, int) and self.mr >= 1 and self.blocks in (1, 2) and isinstance(self.band_rows, int)
+                and self.band_rows >= 1 and g.out_hw[0] % self.band_rows == 0 and isinstance(self.band_parallel, bool)):
+            raise ValueError(f"{self} does not fit the layer's {g.out_hw[0]} output rows")
+        if self.blocks == 2 and not two_blocks_fit(g, isa, self.mr):
+            raise ValueError(f"{self}: this layer's tiles cannot span two output blocks")
+
+
+def planned(g: Geometry, isa: Isa, mr: int, blocking: ConvBlocking, threads: int) -> Variant:
+    vh, band_parallel = bands(g, blocking, threads)
+    return Variant(mr, output_blocks(g, isa, mr), vh, band_parallel)
+
+
+def variants(g: Geometry, isa: Isa, mr: int, blocking: ConvBlocking, threads: int) -> list[Variant]:
+    """The planned variant first, then the ones autotune also times: the other tile shape
+    (half the pixels on two blocks, or one block where the plan took two), the other way to
+    split the work among threads, and bands of half the rows. Each changes one choice of the
+    plan, so the list stays short (compiling is most of autotune's time); duplicates, and
+    variants that differ only in tiles no row has, are dropped."""
+    base = planned(g, isa, mr, blocking, threads)
+    out = [base]
+    if base.blocks == 2:
+        out.append(replace(base, blocks=1))
+    elif mr >= 4 and two_blocks_fit(g, isa, mr // 2):
+        out.append(replace(base, mr=mr // 2, blocks=2))
+    if threads > 1:
+        out.append(replace(base, band_parallel=not base.band_parallel))
+    half = largest_divisor(g.out_hw[0], lambda d: d <= base.band_rows // 2)
+    if half:
+        out.append(replace(base, band_rows=half))
+    seen, unique = set(), []
+    for v in out:
+        same = (tuple(segments(g.out_hw[1], v.mr)), v.blocks, v.band_rows, v.band_parallel)
+        if same not in seen:
+            seen.add(same)
+            unique.append(v)
+    return unique
 
 
 
@@ -251,13 +311,15 @@ def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: P
 
 
 def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocking, threads: int,
-             reason: str):
+             reason: str, variant: Variant | None = None):
     """The layer's tensorized module (not compiled) and its DirectPlan; threads: the pool it
-    divides, mr: the tile's rows."""
-    vh, band_parallel = bands(g, blocking, threads)
+    divides, mr: the tile's rows; variant: the choices to take instead of the planned ones."""
+    if variant is None:
+        variant = planned(g, isa, mr, blocking, threads)
+    variant.check(g, isa)
+    mr, blocks, vh, band_parallel = variant.mr, variant.blocks, variant.band_rows, variant.band_parallel
     check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
                    band=band_shape(g, vh))
-    blocks = output_blocks(g, isa, mr)
     chunk = chunk_blocks(g, blocks, vh, blocking.l1)
     lines, tiles = render(g, isa, mr, vh, band_parallel, post, blocks, chunk)
     sch = s_tir.Schedule(parse(lines))

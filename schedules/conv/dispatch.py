@@ -8,12 +8,18 @@ on wider groups with block-diagonal weights where the layer's groups are narrowe
 (grouped: other narrow groups, or a fused residual). The ARM targets run the quantized spatial pack (int8_arm).
 Two layers fused, MobileNet's 1x1 expand and the depthwise conv after it: inverted
 (inverted_residual, and schedule_inverted for the Relax pass).
+
+autotune=True (x86 float32, algorithm="auto"): the layer's candidate plans (candidates) are
+compiled and timed on this host (autotune.py) unless they were before, and the fastest is kept
+per layer and thread count (common/tuned.py); "auto" then takes it over every rule, with or
+without autotune=True, until the measurements are deleted or made for another host.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 
 import numpy as np
@@ -21,17 +27,33 @@ import numpy as np
 from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
-from ..common import cache
-from ..common.targets import check_emulate, dtype_name, positive_int, resolve, thread_count
-from . import depthwise, direct, grouped, int8_arm, inverted, winograd
-from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
+from ..common import cache, parallel, tuned
+from ..common.targets import (
+    check_emulate,
+    dtype_name,
+    positive_int,
+    require_host,
+    resolve,
+    thread_count,
+)
+from . import autotune, depthwise, direct, grouped, int8_arm, inverted, winograd
+from .geometry import (
+    NO_POST_OPS,
+    ConvBlocking,
+    ConvParams,
+    Geometry,
+    PostOps,
+    Quantization,
+)
 from .op import Conv2dOp, Scheduled
 
+LOG = logging.getLogger("tvm_microkernels.autotune")
+NO_BLOCKING = ConvBlocking()  # the host's caches
 ALGORITHMS = ("auto", "direct", "winograd")
 
 # conv2d's keyword options beyond the layer, the dtype, the target and the algorithm, with
 # their defaults: each becomes part of one of the values schedule() takes.
-OPTIONS = {"threads": None, "blocking": ConvBlocking(), "tile": None, "emulate": False,
+OPTIONS = {"threads": None, "blocking": ConvBlocking(), "tile": None, "emulate": False, "autotune": False,
            "bias": False, "residual": False, "activation": None, "clip": DEFAULT_CLIP,
            "input_zero_point": None, "weight_zero_point": None, "weight_dtype": None}
 
@@ -49,6 +71,9 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     algorithm (float32, x86): "auto" (Winograd where it applies and measured faster, else
     direct; op.plan says which and why), "direct", or "winograd" with tile = 2, 4 or 6
     (F(tile x tile, 3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only).
+    autotune (x86 float32, algorithm "auto"): time the layer's candidate plans on this host
+    first (a few seconds, once per layer and thread count: the result is kept, see
+    common/tuned.py) and run the fastest; op.plan["source"] then names the measurements.
     Keyword options (OPTIONS): threads, TVM's pool size while it runs (None: one per core; the
     ARM targets run single-threaded); blocking, the cache budgets (ConvBlocking); tile;
     bias, residual, activation, clip (float32, x86): post-ops fused into the output tiles'
@@ -103,14 +128,18 @@ def schedule_args(data_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     post = PostOps(o["bias"], o["residual"], o["activation"], o["clip"])
     return schedule(ConvParams(data_shape, weight_shape, stride, padding, dilation, groups), post_ops=post,
                     quant=quant, target=target, algorithm=algorithm, tile=o["tile"], threads=o["threads"],
-                    blocking=o["blocking"], emulate=o["emulate"])
+                    blocking=o["blocking"], emulate=o["emulate"], autotune=o["autotune"])
 
 
 def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quantization | None = None,
              target="native", algorithm="auto", tile=None, threads=None, blocking: ConvBlocking = ConvBlocking(),
-             emulate=False):
+             emulate=False, autotune=False):
     """A Scheduled (planned and tensorized, not compiled) on the x86 float32 targets; on ARM
     the compiled Int8Conv2dOp, whose build() returns itself. quant: None for float32."""
+    if not isinstance(autotune, bool):
+        raise TypeError(f"autotune must be True or False, got {autotune!r}")
+    if autotune and algorithm != "auto":
+        raise ValueError(f"autotune=True chooses the algorithm: use algorithm='auto', not {algorithm!r}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not available; use 'auto', 'direct' or 'winograd'")
     if tile is not None and algorithm != "winograd":
@@ -139,17 +168,138 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
             raise ValueError(f"dtype {quant.dtype!r} is not supported on x86 targets; use 'float32'{hint}")
         raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
     pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
-    # Everything the schedule depends on (the host's caches and the sources are in every key).
+    if autotune:
+        if emulate:
+            raise ValueError("autotune=True times the layer on this host; an emulated op cannot be timed")
+        measure(conv, post_ops, target, threads, blocking)
+    # Everything the schedule depends on (the host's caches, the sources and the measurements
+    # (tuned.py) are in every key).
     return cache.cached("schedule", (conv, post_ops, isa.name, algorithm, tile, threads, pool, blocking.l1,
                                      blocking.l2, emulate),
                         lambda: _schedule_x86(conv, post_ops, isa, algorithm, tile, threads, pool, blocking, emulate))
 
 
-def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, threads, pool: int,
-                  blocking: ConvBlocking, emulate: bool):
+def layer_key(conv: ConvParams) -> str:
+    """How the measurements name a layer: its shapes and parameters (not its post-ops, which
+    hardly move the best plan, so one timing serves every fusion of the layer)."""
+    return (f"{'x'.join(map(str, conv.data_shape))} {'x'.join(map(str, conv.weight_shape))} "
+            f"s{conv.stride[0]},{conv.stride[1]} p{','.join(map(str, conv.padding))} "
+            f"d{conv.dilation[0]},{conv.dilation[1]} g{conv.groups}")
+
+
+def candidates(conv: ConvParams, isa, pool: int, blocking: ConvBlocking = NO_BLOCKING) -> list[dict]:
+    """The plans autotune times for a layer on x86, as choices (_schedule_x86): the direct
+    conv's planned variant and its neighbours (direct.variants), and Winograd F(2), F(4), F(6)
+    where it applies. Empty for the layers the depthwise family runs (nothing to choose yet)."""
     mr, nr = DEFAULT_TILES[isa.name]
     g = Geometry.of(conv, block=nr)
-    reason, source = None, "defaults"
+    if g.depthwise or depthwise.lane_groups(g):
+        return []
+    wide = grouped.widen(g) if grouped.applies(g) else g
+    out = [{"algorithm": "direct", **dataclasses.asdict(v)} for v in direct.variants(wide, isa, mr, blocking, pool)]
+    if winograd.refusal(g) is None:
+        out += [{"algorithm": "winograd", "tile": m} for m in winograd.TILES]
+    return out
+
+
+def scheduled_candidates(conv: ConvParams, post_ops: PostOps, isa, threads,
+                         blocking: ConvBlocking = NO_BLOCKING) -> list[tuple[dict, Scheduled]]:
+    """Each of the layer's candidates (candidates) with its Scheduled layer, not compiled;
+    scheduled among the cores (common/parallel.py)."""
+    pool = threads or os.cpu_count() or 1
+    choices = candidates(conv, isa, pool, blocking)
+    make = [functools.partial(_schedule_x86, conv, post_ops, isa, "auto", None, threads, pool, blocking, False, c)
+            for c in choices]
+    return [(c, s or m()) for c, s, m in zip(choices, parallel.run(make), make)]
+
+
+def plan_label(plan) -> str:
+    """The candidate a plan is (choice_label's form): "F(m)", or the direct conv's variant;
+    the family's name for the others ("depthwise")."""
+    if plan.algorithm == "winograd":
+        return f"F({plan.tile})"
+    if plan.algorithm == "direct":
+        return direct.Variant(plan.mr, plan.output_blocks, plan.band_rows, plan.band_parallel).label
+    return plan.algorithm
+
+
+def choice_label(choice: dict) -> str:
+    if choice["algorithm"] == "winograd":
+        return f"F({choice['tile']})"
+    return direct.Variant(**{k: v for k, v in choice.items() if k != "algorithm"}).label
+
+
+def measure(conv: ConvParams, post_ops: PostOps = NO_POST_OPS, target="native", threads=None,
+            blocking: ConvBlocking = NO_BLOCKING, budget: float = autotune.BUDGET, again: bool = False) -> dict | None:
+    """autotune=True's step: unless this layer was timed on this host at this thread count
+    (or `again`), compile and time its candidates (autotune.py) and keep the fastest
+    (tuned.save_layer). Returns the layer's entry; None where there is nothing to choose (a
+    depthwise layer)."""
+    isa = resolve(target)
+    if isa.arch != "x86":
+        raise ValueError(f"autotune times the x86 float32 conv2d; target {isa.name} is {isa.arch}")
+    require_host(isa)
+    threads = thread_count(threads)
+    pool = threads or os.cpu_count() or 1
+    entry = tuned.layer(isa.name, layer_key(conv), pool)
+    if entry is not None and not again:
+        return entry
+    plans = scheduled_candidates(conv, post_ops, isa, threads, blocking)
+    if len(plans) < 2:
+        return None
+    ops = {choice_label(c): s.build() for c, s in plans}
+    seconds = autotune.time_candidates(ops, budget)
+    best = min(seconds, key=seconds.get)
+    choice = plans[list(ops).index(best)][0]
+    tuned.save_layer(isa.name, layer_key(conv), pool, choice, seconds)
+    LOG.info("autotune %s, %d thread(s): %s", layer_key(conv), pool,
+             ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in sorted(seconds.items(), key=lambda kv: kv[1])))
+    return tuned.layer(isa.name, layer_key(conv), pool)
+
+
+def _measured_choice(conv: ConvParams, g: Geometry, isa, pool: int) -> tuple[dict, str, str] | None:
+    """(choice, reason, source) from the layer's own timing (autotune), or None. A choice this
+    layer cannot take (a hand-edited file) is ignored with a warning."""
+    entry = tuned.layer(isa.name, layer_key(conv), pool)
+    if entry is None:
+        return None
+    choice, seconds = entry["choice"], entry["seconds"]
+    try:
+        if choice["algorithm"] == "winograd":
+            if winograd.refusal(g) is not None or choice.get("tile") not in winograd.TILES:
+                raise ValueError(f"F({choice.get('tile')}) cannot run this layer")
+        else:
+            if g.depthwise or depthwise.lane_groups(g):
+                raise ValueError("the depthwise family runs this layer")
+            wide = grouped.widen(g) if grouped.applies(g) else g
+            direct.Variant(**{k: v for k, v in choice.items() if k != "algorithm"}).check(wide, isa)
+        label = choice_label(choice)
+    except (TypeError, ValueError) as e:
+        LOG.warning("ignoring the measured plan %r of %s: %s", choice, layer_key(conv), e)
+        return None
+    listed = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in sorted(seconds.items(), key=lambda kv: kv[1]))
+    return choice, f"{label}: fastest of this layer's plans timed on this host, {pool} thread(s) ({listed})", \
+        entry["source"]
+
+
+def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, threads, pool: int,
+                  blocking: ConvBlocking, emulate: bool, choice: dict | None = None):
+    """choice: a plan to take as it is (candidates' form); algorithm "auto" takes the layer's
+    measured choice where it has one."""
+    mr, nr = DEFAULT_TILES[isa.name]
+    g = Geometry.of(conv, block=nr)
+    reason, source, variant = None, "defaults", None
+    if choice is None and algorithm == "auto":
+        measured = _measured_choice(conv, g, isa, pool)
+        if measured is not None:
+            choice, reason, source = measured
+    if choice is not None:
+        reason = reason or f"{choice_label(choice)}: a candidate autotune times"
+        if choice["algorithm"] == "winograd":
+            algorithm, tile = "winograd", choice["tile"]
+        else:
+            algorithm = "direct"
+            variant = direct.Variant(**{k: v for k, v in choice.items() if k != "algorithm"})
     if algorithm != "direct":
         if algorithm == "auto":
             tile, reason, source = winograd.choose(g, isa.name, pool)
@@ -169,12 +319,12 @@ def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, thr
     reason = reason or "algorithm='direct'"
     if grouped.applies(g):  # small groups: blocks of 16 channels with block-diagonal weights
         wide = grouped.widen(g)
-        mod, plan = direct.schedule(wide, isa, mr, post_ops, blocking, pool, reason)
+        mod, plan = direct.schedule(wide, isa, mr, post_ops, blocking, pool, reason, variant)
         plan = dataclasses.replace(plan, block_diagonal=f"{g.groups} groups of {g.cg} channels as {wide.groups} of {wide.cg}",
                                    source=source)
         cls = functools.partial(grouped.GroupedConv2dOp, user_geometry=g)
         return Scheduled(cls, wide, isa, mod, plan, post_ops, threads, emulate)
-    mod, plan = direct.schedule(g, isa, mr, post_ops, blocking, pool, reason)
+    mod, plan = direct.schedule(g, isa, mr, post_ops, blocking, pool, reason, variant)
     return Scheduled(Conv2dOp, g, isa, mod, dataclasses.replace(plan, source=source), post_ops, threads, emulate)
 
 

@@ -92,8 +92,11 @@ def test_a_corrupt_file_is_ignored_with_a_warning(table, text, caplog):
     {"winograd": [{"isa": ISA, "c": 64, "hw": 56, "seconds": {"direct": 1e-3, "5": 1e-3}}]},
     {"winograd": [{"isa": ISA, "c": 64, "hw": 56, "seconds": {"direct": "fast"}}]},
     {"winograd": "all of them"},
+    {"layers": [{"isa": ISA, "layer": "1x16x8x8", "threads": 1, "choice": {"algorithm": "fft"}, "seconds": {}}]},
+    {"layers": [{"isa": ISA, "layer": "1x16x8x8", "threads": 0, "choice": {"algorithm": "direct"}, "seconds": {}}]},
+    {"layers": {"1x16x8x8": "direct"}},
 ], ids=["tile-without-share", "zero-rows", "negative-pack", "no-map-side", "no-such-tile", "text-seconds",
-        "not-a-list"])
+        "not-a-list", "layer-no-such-algorithm", "layer-zero-threads", "layers-not-a-list"])
 def test_a_file_the_planners_cannot_use_is_ignored_with_a_warning(table, data, caplog):
     """A hand-edited file that still names this host: refused whole, before a planner trips on it."""
     where = table()
@@ -174,3 +177,20 @@ def test_the_cache_keys_change_with_the_measurements(table):
     after = cache.key("schedule", "layer")
     table(pack_flops_per_lane={ISA: 4.0})
     assert len({before, after, cache.key("schedule", "layer")}) == 3
+
+
+def test_ignored_plans_from_the_defaults_and_forgets_what_autotune_timed_inside(table):
+    """tuned.ignored(): the file's measurements unseen inside (the benches compare the rules with
+    the measurements in one run); what autotune keeps inside is this process's, and dropped
+    on the way out."""
+    where = table(winograd=[{"isa": ISA, "c": 16, "hw": 56, "seconds": times("2")}])
+    g = Geometry.of(ConvParams((1, 16, 56, 56), (16, 16, 3, 3), padding=1))
+    outside = tuned.fingerprint()
+    with tuned.ignored():
+        assert tuned.current() is None and winograd.choose(g, ISA)[::2] == (4, "defaults")
+        assert tuned.fingerprint() == "none"
+        tuned.save_layer(ISA, "a layer", 1, {"algorithm": "winograd", "tile": 2}, {"F(2)": 1e-3})
+        assert tuned.layer(ISA, "a layer", 1)["source"] == "autotuned (this process)"
+        assert not json.loads(where.read_text())["layers"]
+    assert tuned.layer(ISA, "a layer", 1) is None and tuned.fingerprint() == outside
+    assert winograd.choose(g, ISA)[::2] == (2, f"tuned ({where})")

@@ -1,4 +1,5 @@
-"""Timing what a user calls, the same way for ours and for the library we compare with."""
+"""Timing a call the same way for ours and for the libraries we compare with: the benchmarks, `tune`
+and autotune (conv2d(..., autotune=True)) all use it."""
 
 from __future__ import annotations
 

@@ -72,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
     _add_workloads(c)
     c.add_argument("--layers", nargs="+", type=int, default=None, help="only these rows of the CSV (0-based)")
     c.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
-    c.add_argument("--cache", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
+    c.add_argument("--cache", nargs="+", choices=["warm", "cold", "network"], default=["warm", "cold"],
+                   help="warm: the same call again; cold: caches flushed before each call; network: flushed, then the "
+                        "input read back (a layer inside a network at batch 1: what autotune and tune time)")
     c.add_argument("--algorithms", nargs="+", choices=["direct", "auto", "wino2", "wino4", "wino6"],
                    default=["direct"], help="timed side by side per layer (direct always); auto is conv2d's "
                    "default choice; Winograd F(m) only where it applies (3x3, stride 1)")
@@ -114,6 +116,9 @@ def parser() -> argparse.ArgumentParser:
         r.add_argument("--peers", action="store_true",
                        help="also ONNX Runtime and OpenVINO on the module's ONNX export (pip install -e \".[peers]\")")
         r.add_argument("--batch", nargs="+", type=int, default=[1], metavar="N", help="batch sizes (default 1)")
+        r.add_argument("--autotune", action="store_true",
+                       help="also build with optimize(autotune=True) (each conv layer's plans timed on this host) and "
+                            "time it beside ours on the shipped rules alone")
         r.add_argument("--default", dest="tvm_default", action=argparse.BooleanOptionalAction,
                        default=None, help="time TVM's default build of the folded module, slow to build and run "
                                           "(default: yes, no with --peers)")
@@ -126,6 +131,9 @@ def parser() -> argparse.ArgumentParser:
                                                         "(about a minute; the full grid takes a few)")
     t.add_argument("--layers", nargs="+", type=_parse_layer, default=None, metavar="CxHW",
                    help="3x3 layers to time for the Winograd choice instead of the grid, e.g. 64x56 (channels x side)")
+    t.add_argument("--autotune", nargs="+", default=None, metavar="TABLE",
+                   help="also autotune every layer of these workload tables (e.g. resnet50_v1.5 mobilenet_v2) at 1 "
+                        "thread and all cores, as conv2d(..., autotune=True) does")
     t.add_argument("--output", metavar="FILE", default=None,
                    help="where to write (default: $TVM_MICROKERNELS_TUNE, else tuned.json in the cache folder)")
     sub.add_parser("regen-asm", help="rewrite asm_dumps/ from the current kernels")
@@ -173,9 +181,17 @@ def main(argv=None) -> int:
     if args.cmd == "tune":
         from pathlib import Path
 
-        from benchmarks import tune
+        from benchmarks import conv2d, tune
+        from schedules.common import tuned
 
-        tune.run(isa, args.quick, log, Path(args.output) if args.output else None, args.layers)
+        for table in args.autotune or ():
+            conv2d.load_workloads(table)  # a wrong name fails now, not after the measurements
+        where = Path(args.output) if args.output else None
+        tune.run(isa, args.quick, log, where, args.layers)
+        if args.autotune:
+            if where is not None:  # the layers' entries go where the rest went
+                os.environ[tuned.ENV] = str(where)
+            tune.autotune_tables(isa, args.autotune, log)
         return 0
     threads = getattr(args, "threads", None) or sorted({1, os.cpu_count() or 1})
 
@@ -186,7 +202,7 @@ def main(argv=None) -> int:
 
         default_tvm = not args.peers if args.tvm_default is None else args.tvm_default
         result = network.run(isa, threads, args.repeat, log, default_tvm=default_tvm, model=args.what,
-                             style=args.style, peers=args.peers, batches=args.batch)
+                             style=args.style, peers=args.peers, batches=args.batch, autotune=args.autotune)
     elif args.what == "compile":
         from benchmarks import compile as compile_bench
 

@@ -59,7 +59,7 @@ from microkernels import DEFAULT_TILES
 
 from ..common import cache, parallel
 from ..common.targets import resolve, thread_count
-from ..conv import ConvParams, Geometry, PostOps, inverted_pays, schedule, schedule_inverted
+from ..conv import ConvParams, Geometry, PostOps, inverted_pays, measure, schedule, schedule_inverted
 from ..conv.geometry import block_diagonal, depthwise, lane_groups
 from . import exprs
 from .batchnorm import fold_batch_norm
@@ -217,9 +217,10 @@ class _SplitClips(PyExprMutator):
 
 @expr_functor.mutator
 class _Swap(PyExprMutator):
-    def __init__(self, mod, target: str, algorithm: str, threads, fuse: bool, report: list):
+    def __init__(self, mod, target: str, algorithm: str, threads, fuse: bool, report: list, autotune: bool = False):
         super().__init__(mod)
         self.target, self.algorithm, self.threads, self.fuse, self.report = target, algorithm, threads, fuse, report
+        self.autotune = autotune
         self.block = DEFAULT_TILES[resolve(target).name][1]
         self.funcs: dict = {}  # (schedule key) -> GlobalVar
         self.ends: dict = {}  # chain-end var -> _Conv
@@ -258,7 +259,8 @@ class _Swap(PyExprMutator):
         (common/parallel.py): ResNet-50's 53 convs are 27 distinct layers (shape and
         post-ops), and scheduling them is most of a cold build. The visit finds them in
         `ready`; one that failed here is scheduled again where it is lowered, which raises in
-        context."""
+        context. With autotune, the layers not yet timed on this host are timed first, one
+        after the other (conv.measure; timing two at once would time the neighbour too)."""
         todo: dict = {}
         for end, conv in self.ends.items():
             ex = self.expands.get(end)
@@ -268,6 +270,10 @@ class _Swap(PyExprMutator):
             else:
                 req = self._request(conv, self._algorithm(exprs.const(conv.call.args[1])))
                 todo.setdefault(req, functools.partial(self._make, req))
+        if self.autotune:
+            for req in todo:
+                if len(req) == 3 and req[2] == "auto":  # (params, post-ops, algorithm): a conv of ours
+                    measure(req[0], req[1], self.target, self.threads)
         made = parallel.run(list(todo.values()))
         self.ready = {req: s for req, s in zip(todo, made) if s is not None}
 
@@ -367,7 +373,8 @@ class _Swap(PyExprMutator):
             self.funcs[key] = gv
         post = s.post.label
         why = f"{s.plan.algorithm}{' F' + str(s.plan.tile) if s.plan.get('tile') else ''}" \
-              f"{', fused ' + post if post else ''}{'' if conv.blocked else ', between layout transforms of its own'}"
+              f"{', fused ' + post if post else ''}{'' if conv.blocked else ', between layout transforms of its own'}" \
+              f"{'' if s.plan.source == 'defaults' else ', plan ' + s.plan.source}"
         self._log(conv.call, "ours", why, s.plan.algorithm, s.post)
         out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
         return out if conv.blocked else self._unblocked(out, g.o, s.post, var)
@@ -459,8 +466,8 @@ def _func_name(g: Geometry, plan, post: PostOps) -> str:
             f"p{'x'.join(map(str, g.pad))}d{g.dilation[0]}x{g.dilation[1]}g{g.groups}{fused}")
 
 
-def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report) -> tvm.IRModule:
-    swap = _Swap(mod, target, algorithm, threads, fuse, report)
+def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report, autotune=False) -> tvm.IRModule:
+    swap = _Swap(mod, target, algorithm, threads, fuse, report, autotune)
     mod = exprs.mutate(mod, swap, swap.plan)
     cancel = _CancelTransforms(mod)
     return relax.transform.DeadCodeElimination()(exprs.mutate(mod, cancel, cancel.prepare))
@@ -558,13 +565,19 @@ class _CancelTransforms(PyExprMutator):
 
 
 def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,
-                  report: list | None = None, lower: bool = True) -> tvm.transform.Pass:
-    """Steps 2-5 of the module doc as one module pass (bind params before it)."""
+                  report: list | None = None, lower: bool = True, autotune: bool = False) -> tvm.transform.Pass:
+    """Steps 2-5 of the module doc as one module pass (bind params before it). autotune: time
+    each conv layer's candidate plans on this host before choosing (conv2d's autotune=True;
+    a few seconds per distinct layer not timed before, kept for later builds)."""
     isa = resolve(target)
     if isa.arch != "x86":
         raise ValueError(f"the Relax integration runs the x86 float32 conv2d; target {target!r} is {isa.arch}")
     if algorithm not in ("auto", "direct"):
         raise ValueError(f"algorithm must be 'auto' or 'direct' inside a model, got {algorithm!r}")
+    if not isinstance(autotune, bool):
+        raise TypeError(f"autotune must be True or False, got {autotune!r}")
+    if autotune and algorithm != "auto":
+        raise ValueError("autotune=True chooses each layer's algorithm: use algorithm='auto'")
     threads = thread_count(threads)
     block = DEFAULT_TILES[isa.name][1]
     report = [] if report is None else report
@@ -584,7 +597,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
             # The residual input's own copy of the entry transform is the same expression.
             relax.transform.EliminateCommonSubexpr(),
         ])(mod)
-        mod = _swap(mod, target, algorithm, threads, fuse, report)
+        mod = _swap(mod, target, algorithm, threads, fuse, report, autotune)
         return _lower_rest(mod, threads, report) if lower else mod
 
     return run
@@ -624,10 +637,11 @@ def _lower_rest(mod: tvm.IRModule, threads, report: list) -> tvm.IRModule:
 
 
 def optimize(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
-             fuse: bool = True, report: list | None = None, lower: bool = True) -> tvm.IRModule:
+             fuse: bool = True, report: list | None = None, lower: bool = True, autotune: bool = False) -> tvm.IRModule:
     """The module doc's steps on `mod`; `params` maps "main"'s parameter names to numpy or TVM
-    arrays. `report`, when given a list, receives one dict per conv2d (where it runs, why)."""
-    return optimize_pass(target, algorithm, threads, fuse, report, lower)(_bound(mod, params))
+    arrays. `report`, when given a list, receives one dict per conv2d (where it runs, why).
+    autotune: time each conv layer's candidate plans on this host first (optimize_pass)."""
+    return optimize_pass(target, algorithm, threads, fuse, report, lower, autotune)(_bound(mod, params))
 
 
 def _bound(mod: tvm.IRModule, params: dict | None) -> tvm.IRModule:
@@ -676,15 +690,17 @@ def llvm_target(target="native") -> tvm.target.Target:
 
 
 def build(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
-          fuse: bool = True, report: list | None = None):
+          fuse: bool = True, report: list | None = None, autotune: bool = False):
     """optimize, then tvm.compile for the target: an executable for relax.VirtualMachine. With
     the compile cache on (schedules/common/cache.py), a model built before, by any process,
     with the same graph, weights and options is loaded from it instead (a runtime.Module,
-    which relax.VirtualMachine takes the same way); `report` then gets the first build's."""
+    which relax.VirtualMachine takes the same way); `report` then gets the first build's.
+    autotune: optimize's (each conv layer's plans timed on this host first)."""
     mod = _bound(mod, params)
     llvm = llvm_target(target)
-    k = cache.key("model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name), algorithm, threads,
-                  fuse) if cache.enabled() else None
+    key = functools.partial(cache.key, "model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name),
+                            algorithm, threads, fuse, autotune)
+    k = key() if cache.enabled() else None
     hit = cache.load_library(k) if k else None
     if hit is not None:
         lib, meta = hit
@@ -693,9 +709,11 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
             report += meta["report"]
         return lib
     ops: list = []
-    ex = tvm.compile(optimize(mod, target, None, algorithm, threads, fuse, ops), target=llvm)
+    ex = tvm.compile(optimize(mod, target, None, algorithm, threads, fuse, ops, autotune=autotune), target=llvm)
     if report is not None:
         report += ops
+    if k and autotune:  # under the measurements it was built with, which autotune may have added to
+        k = key()
     if k:
         cache.put_library(k, ex, {"report": ops})
     return ex

@@ -37,8 +37,9 @@ signature they meet (shapes, sizes, those numbers), since our kernels are planne
 shapes: one compiled module per signature, up to MAX_SHAPES per graph, then new ones run eagerly.
 
 `options` (torch.compile(..., options={...})): "threads" (the TVM thread pool size for planning
-and running; default one per core), "algorithm" ("auto" or "direct") and "target" (a preset name
-or a tvm.target.Target, default "native") go to `optimize`; any other name, or a value optimize
+and running; default one per core), "algorithm" ("auto" or "direct"), "autotune" (True: time each
+conv layer's plans on this host first, see conv2d) and "target" (a preset name or a
+tvm.target.Target, default "native") go to `optimize`; any other name, or a value optimize
 refuses, raises (torch wraps it in BackendCompilerFailed).
 
 What ran where: `reports()` lists one dict per graph dynamo handed over, and per signature of a
@@ -63,7 +64,7 @@ from .conv2d import build, llvm_target, optimize_pass
 
 LOG = logging.getLogger("tvm_microkernels.torch")
 
-OPTIONS = {"threads": None, "algorithm": "auto", "target": "native"}  # accepted names, defaults
+OPTIONS = {"threads": None, "algorithm": "auto", "target": "native", "autotune": False}  # accepted names, defaults
 MAX_SHAPES = 8  # compiled modules per dynamic graph
 REFREEZES = 2  # recompiles after the frozen weights changed, per graph
 ALIGN = 64  # bytes: what tvm.runtime.from_dlpack requires of a tensor's data pointer
@@ -101,7 +102,8 @@ def checked_options(options: dict | None, mode: str | None = None) -> dict:
                          f"accepted: {', '.join(sorted(OPTIONS))}")
     opts = {**OPTIONS, **options}
     opts["threads"] = thread_count(opts["threads"])
-    optimize_pass(opts["target"], opts["algorithm"], opts["threads"])  # refuses a bad target or algorithm
+    # refuses a bad target, algorithm or autotune
+    optimize_pass(opts["target"], opts["algorithm"], opts["threads"], autotune=opts["autotune"])
     llvm_target(opts["target"])
     return opts
 
@@ -286,7 +288,7 @@ class _Graph:
         # build: optimize + tvm.compile, or the compile cache's copy (the frozen weights are part
         # of the module, hence of its key), so a second process compiles nothing.
         ex = build(mod, self.opts["target"], algorithm=self.opts["algorithm"], threads=self.opts["threads"],
-                   report=report)
+                   report=report, autotune=self.opts["autotune"])
         if not any(r.get("runs_on") == "ours" for r in report):
             raise _Fallback("nothing in it runs on our kernels")
         vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -80,6 +80,9 @@ def test_bench_conv2d_exhaustive_says_how_far_auto_is_from_the_fastest(clone):
     assert [r[6] for r in rows] == ["direct", "wino2", "wino4", "wino6"], out
     auto = [line for line in out.splitlines() if line.strip().startswith("auto:")]
     assert len(auto) == 1 and "(defaults)" in auto[0] and "auto/fastest" in auto[0], out
+    # Every candidate autotune would time, the direct conv's variants among them
+    every = [line for line in out.splitlines() if line.strip().startswith("every plan (ms):")]
+    assert len(every) == 1 and every[0].count("direct ") >= 2 and "F(6)" in every[0], out
     assert "exhaustive: auto within 5% of the fastest on" in out, out
 
 
@@ -87,13 +90,20 @@ def test_tune_writes_what_the_planners_then_read(clone, tmp_path):
     """A tiny tune (one small layer): the file names this host, holds the tile rates, the pack
     cost and the layer at each thread count, and a conv2d in a new process says it used it."""
     where = tmp_path / "tuned.json"
-    out = cli(clone, "-m", "microkernels", "tune", "--quick", "--layers", "16x8", "--output", str(where))
+    table = tmp_path / "tiny_conv2d.csv"  # --autotune takes a table's path as well as a packaged name
+    table.write_text("in_channels,height,width,out_channels,kernel,stride,padding,count\n16,8,8,16,3,1,1,1\n")
+    out = cli(clone, "-m", "microkernels", "tune", "--quick", "--layers", "16x8", "--output", str(where),
+              "--autotune", str(table))
     assert "FP32 FMA peak" in out and "matmul tile" in out and f"wrote {where}" in out, out
     data = json.loads(where.read_text())
     isa = data["winograd"][0]["isa"]
     assert data["host"]["cores"] == os.cpu_count() and data["matmul_tiles"][isa] and data["pack_flops_per_lane"][isa]
     assert sorted(r["threads"] for r in data["winograd"]) == sorted({1, os.cpu_count()})
     assert all(set(r["seconds_network"]) == {"direct", "2", "4", "6"} for r in data["winograd"])
+    # --autotune: the layer's plans timed at each thread count, the fastest kept
+    assert sorted(r["threads"] for r in data["layers"]) == sorted({1, os.cpu_count()})
+    assert all({"F(2)", "F(4)", "F(6)"} < set(r["seconds"]) for r in data["layers"]), data["layers"]
+    assert out.count("16x8x8->16 k3 s1 p1, ") == len({1, os.cpu_count()}) and " plans" in out, out
     out = cli(clone, "-c", "import os, schedules; os.environ['TVM_MICROKERNELS_TUNE'] = " + repr(str(where))
               + "; print(schedules.conv2d((1, 16, 8, 8), (16, 16, 3, 3), padding=1, target='x86-" + isa
               + "').plan['source'])")

@@ -38,6 +38,7 @@ def test_cli_accepts_the_network_flags():
     assert cli.parser().parse_args(["bench", "resnet50", "--no-default"]).tvm_default is False
     args = cli.parser().parse_args(["bench", "mobilenet_v2", "--peers", "--default"])
     assert args.tvm_default is True and args.style == "folded" and args.batch == [1]
+    assert cli.parser().parse_args(["bench", "resnet50", "--autotune"]).autotune is True
     with pytest.raises(SystemExit):
         cli.parser().parse_args(["bench", "resnet50", "--style", "nope"])
 

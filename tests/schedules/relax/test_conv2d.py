@@ -123,6 +123,38 @@ def test_each_distinct_layer_is_scheduled_once_shared_among_processes(small, tmp
     tvm.ir.assert_structural_equal(shared, mkrelax.optimize(mod, HOST, lower=False))
 
 
+def test_autotune_times_each_distinct_layer_once_and_the_model_runs_its_choices(small, monkeypatch):
+    """optimize(autotune=True): every distinct conv layer of ours timed once (the timing made
+    up here: the last candidate wins, a Winograd F(6) on 3x3 stride-1 layers, else a direct
+    variant the planner would not take), the model built on those plans and right; a second
+    optimize times nothing."""
+    from schedules.common import tuned
+    from schedules.conv import autotune, dispatch
+
+    monkeypatch.setattr(tuned, "_MEMORY", {})
+    timed = []
+
+    def fake(ops, budget=autotune.BUDGET, seed=0):
+        timed.append(list(ops))
+        return {label: 1e-3 if i == len(ops) - 1 else 2e-3 for i, label in enumerate(ops)}
+
+    monkeypatch.setattr(autotune, "time_candidates", fake)
+    mod, _, x = small
+    report = []
+    opt = mkrelax.optimize(mod, HOST, report=report, lower=False, autotune=True)
+    layers = {(tuple(r["data"]), tuple(r["weight"]), tuple(r["stride"])) for r in convs(report)}
+    first = len(timed)
+    assert 1 < first <= len(layers), timed
+    assert sum(r["algorithm"] == "winograd" and "F6" in r["reason"] for r in convs(report)) >= 1
+    assert all(r["reason"].endswith("plan autotuned (this process)") for r in convs(report)), report
+    assert all(r["runs_on"] == "ours" for r in convs(report)), report
+    close(run(lowered(opt), x), run(mod, x))
+    mkrelax.optimize(mod, HOST, lower=False, autotune=True)
+    assert len(timed) == first
+    with pytest.raises(ValueError, match="autotune=True chooses"):
+        mkrelax.optimize_pass(HOST, algorithm="direct", autotune=True)
+
+
 def test_a_tvm_target_object_builds_for_its_own_cpu(small):
     """TVM users hold a tvm.target.Target: build() takes it, picks the ISA its CPU allows and
     compiles the model for that Target itself."""

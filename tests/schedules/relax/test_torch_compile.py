@@ -328,7 +328,8 @@ def test_options_reach_optimize_and_size_the_run(monkeypatch):
 
 
 @pytest.mark.parametrize("options, error, match", [
-    ({"thread": 2}, ValueError, r"unknown option\(s\) \['thread'\].*accepted: algorithm, target, threads"),
+    ({"thread": 2}, ValueError, r"unknown option\(s\) \['thread'\].*accepted: algorithm, autotune, target, threads"),
+    ({"autotune": "yes"}, TypeError, "autotune must be True or False"),
     ({"threads": 0}, ValueError, "threads must be >= 1"),
     ({"algorithm": "winograd"}, ValueError, "algorithm must be 'auto' or 'direct'"),
     ("threads=2", TypeError, "options must be a dict"),

@@ -11,9 +11,11 @@ How a candidate is timed: as the layer runs inside a network at batch 1, with it
 cold (a network's weights pass through the caches once per image, ResNet-50's 100 MB through
 a 32 MiB L3) and its input warm (the layer before just wrote it). So each call is preceded,
 untimed, by a flush of the caches and a read of the input. The candidates take turns, one call
-each per round, so a shared machine's drift hits them alike; after two rounds those more than
+each per round, so a shared machine's drift hits them alike; after three rounds those more than
 SURVIVE times slower than the leader drop out, and rounds go on among the rest until the
-budget is spent. Each candidate's figure is its fastest call (noise only ever slows a call).
+budget is spent. Each candidate's figure is the median of its calls: the fastest call alone
+let a plan whose calls vary (two threads, one sometimes late) win on one lucky call, and the
+winner then changed from run to run.
 
 Cost: compiling the candidates (their scheduling shared among the cores: common/parallel.py)
 and `budget` seconds of timing, 0.5 s by default (at least two rounds, whatever the budget).
@@ -29,12 +31,12 @@ import tvm
 from ..common import timing
 
 BUDGET = 0.5  # seconds of timing per layer, flushes included
-SURVIVE = 1.25  # after two rounds, candidates slower than the leader by more than this drop out
-ROUNDS_MIN = 2
+SURVIVE = 1.25  # after ROUNDS_MIN rounds, candidates slower than the leader by more than this drop out
+ROUNDS_MIN = 3
 
 
 def time_candidates(ops: dict, budget: float = BUDGET, seed: int = 0) -> dict[str, float]:
-    """{label: the fastest call's seconds} of compiled conv2d ops of one layer (each a Conv2dOp
+    """{label: the median call's seconds} of compiled conv2d ops of one layer (each a Conv2dOp
     of any family), timed in turns with cold weights and a warm input within `budget`."""
     if not ops:
         return {}
@@ -46,7 +48,7 @@ def time_candidates(ops: dict, budget: float = BUDGET, seed: int = 0) -> dict[st
     calls = {label: _blocked_call(op, x, w, rng) for label, op in ops.items()}
     for call, _ in calls.values():  # untimed: page faults, the thread pool's start
         call()
-    best: dict[str, float] = {}
+    times: dict[str, list[float]] = {label: [] for label in calls}
     alive = list(calls)
     start, rounds = time.perf_counter(), 0
     while rounds < ROUNDS_MIN or (time.perf_counter() - start < budget and len(alive) > 1):
@@ -56,12 +58,13 @@ def time_candidates(ops: dict, budget: float = BUDGET, seed: int = 0) -> dict[st
             xb.numpy()  # the input back in the caches, as the layer before left it
             t = time.perf_counter()
             call()
-            best[label] = min(best.get(label, np.inf), time.perf_counter() - t)
+            times[label].append(time.perf_counter() - t)
         rounds += 1
         if rounds >= ROUNDS_MIN:
-            lead = min(best[label] for label in alive)
-            alive = [label for label in alive if best[label] <= SURVIVE * lead]
-    return best
+            median = {label: float(np.median(times[label])) for label in alive}
+            lead = min(median.values())
+            alive = [label for label in alive if median[label] <= SURVIVE * lead]
+    return {label: float(np.median(t)) for label, t in times.items()}
 
 
 def _blocked_call(op, x, w, rng):

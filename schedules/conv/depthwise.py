@@ -16,6 +16,8 @@ vector G times instead of multiplying a block-diagonal panel's zeros. Weights (O
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import tvm
 from tvm import s_tir
@@ -23,7 +25,7 @@ from tvm import s_tir
 from intrinsics.templates import element_body
 from intrinsics.f32_dwconv import DwRow, lane, reduce_axes, register_dw, weight_index, weight_taps
 from microkernels import Isa
-from microkernels.f32_dwconv import BLOCK, DwKernel, row_mr
+from microkernels.f32_dwconv import BLOCK, DwKernel, default_mr, row_mr
 
 from ..common import layouts
 from ..common.targets import check_array, check_elements
@@ -69,8 +71,54 @@ def _band_rows(g: Geometry, blocking: ConvBlocking, threads: int) -> int:
     return largest_divisor(oh, lambda d: g.input_rows(d) * row_bytes <= blocking.band_budget) or 1
 
 
-def render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[list[str], DwRow | None]:
-    """TVMScript lines of the whole layer, and the row kernel to tensorize (None: plain TIR)."""
+@dataclass(frozen=True)
+class Variant:
+    """The depthwise plan's free choices: the row kernel's pixel step (row_mr's cost model picks
+    one) and the output rows per band (_band_rows). Autotune times a few others (variants)."""
+
+    step: int
+    band_rows: int
+
+    @property
+    def label(self) -> str:
+        return f"depthwise step {self.step}, bands of {self.band_rows}"
+
+    def check(self, g: Geometry, isa: Isa, post: PostOps) -> None:
+        """Refuse a variant this layer cannot run (a hand-edited measurement file)."""
+        widest = default_mr(isa, g.kh, g.kw, post.epilogue, group_width(g))
+        if not (isinstance(self.step, int) and 1 <= self.step <= widest and isinstance(self.band_rows, int)
+                and self.band_rows >= 1 and g.out_hw[0] % self.band_rows == 0):
+            raise ValueError(f"{self} does not fit the layer ({g.out_hw[0]} output rows, steps up to {widest})")
+
+
+def planned(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threads: int) -> Variant:
+    step = row_mr(isa, g.kh, g.kw, g.out_hw[1], post.epilogue, group_width(g))
+    return Variant(step, _band_rows(g, blocking, threads))
+
+
+def variants(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threads: int) -> list[Variant]:
+    """The planned variant first, then: the widest step (row_mr trades it for a shorter tail
+    on rows it does not divide), half the step, bands of half the rows or of the whole map.
+    Only where a row kernel runs (rows of 2 pixels or more, more than one tap)."""
+    base = planned(g, isa, post, blocking, threads)
+    oh, ow = g.out_hw
+    if ow < 2 or not reduce_axes(g.kh, g.kw, group_width(g)):
+        return [base]
+    widest = default_mr(isa, g.kh, g.kw, post.epilogue, group_width(g))
+    out = [base, replace(base, step=widest), replace(base, step=max(2, base.step // 2))]
+    half = largest_divisor(oh, lambda d: d <= base.band_rows // 2)
+    out += [replace(base, band_rows=half)] if half else []
+    out += [replace(base, band_rows=oh)]
+    unique = []
+    for v in out:
+        if v not in unique:
+            unique.append(v)
+    return unique
+
+
+def render(g: Geometry, isa: Isa, vh: int, post: PostOps, step: int | None = None) -> tuple[list[str], DwRow | None]:
+    """TVMScript lines of the whole layer, and the row kernel to tensorize (None: plain TIR);
+    step: the row kernel's pixel step (None: row_mr's)."""
     s = shapes(g)
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
@@ -114,7 +162,7 @@ def render(g: Geometry, isa: Isa, vh: int, post: PostOps) -> tuple[list[str], Dw
                       None, ep.act, post.clip)
     tile = None
     if ow >= 2 and red:
-        kern = DwKernel(isa, g.kh, g.kw, row_mr(isa, g.kh, g.kw, ow, ep, cg), ep, cg)
+        kern = DwKernel(isa, g.kh, g.kw, step or row_mr(isa, g.kh, g.kw, ow, ep, cg), ep, cg)
         tile = DwRow(kern, ow, sw, dh, dw, post.clip)
     return L, tile
 
@@ -159,15 +207,18 @@ class DepthwiseConv2dOp(Conv2dOp):
 
 
 def schedule(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threads: int,
-             reason: str) -> tuple[tvm.IRModule, DepthwisePlan]:
-    """The layer's tensorized module (not compiled) and its plan; threads: the pool it divides."""
+             reason: str, variant: Variant | None = None) -> tuple[tvm.IRModule, DepthwisePlan]:
+    """The layer's tensorized module (not compiled) and its plan; threads: the pool it divides;
+    variant: the choices to take instead of the planned ones."""
     if post.residual:
         raise ValueError("a depthwise conv2d fuses bias and an activation, not a residual")
-    vh = _band_rows(g, blocking, threads)
+    variant = variant or planned(g, isa, post, blocking, threads)
+    variant.check(g, isa, post)
+    vh = variant.band_rows
     s = shapes(g)
     check_elements(data=s["data"], weight=s["weight"], output=s["out"],
                    band=band_shape(g, vh))
-    lines, tile = render(g, isa, vh, post)
+    lines, tile = render(g, isa, vh, post, variant.step)
     sch = s_tir.Schedule(parse(lines))
     if tile is not None:
         sch.tensorize(sch.get_loops(sch.get_sblock("dw"))[-2], register_dw(tile))
@@ -178,5 +229,5 @@ def schedule(g: Geometry, isa: Isa, post: PostOps, blocking: ConvBlocking, threa
     sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     cg = group_width(g)
     plan = DepthwisePlan("depthwise" if cg == 1 else "grouped", reason, band_rows=vh, multiplier=g.o // g.c,
-                         kernel=tile.kern.name if tile else None, group=cg)
+                         kernel=tile.kern.name if tile else None, group=cg, step=tile.kern.mr if tile else None)
     return sch.mod, plan

@@ -187,14 +187,16 @@ def layer_key(conv: ConvParams) -> str:
             f"d{conv.dilation[0]},{conv.dilation[1]} g{conv.groups}")
 
 
-def candidates(conv: ConvParams, isa, pool: int, blocking: ConvBlocking = NO_BLOCKING) -> list[dict]:
-    """The plans autotune times for a layer on x86, as choices (_schedule_x86): the direct
-    conv's planned variant and its neighbours (direct.variants), and Winograd F(2), F(4), F(6)
-    where it applies. Empty for the layers the depthwise family runs (nothing to choose yet)."""
+def candidates(conv: ConvParams, isa, pool: int, blocking: ConvBlocking = NO_BLOCKING,
+               post_ops: PostOps = NO_POST_OPS) -> list[dict]:
+    """The plans autotune times for a layer on x86, as choices (_schedule_x86): the planned
+    variant of the family that runs it and its neighbours (direct.variants or
+    depthwise.variants), and Winograd F(2), F(4), F(6) where it applies."""
     mr, nr = DEFAULT_TILES[isa.name]
     g = Geometry.of(conv, block=nr)
-    if g.depthwise or depthwise.lane_groups(g):
-        return []
+    if _runs_depthwise(g, post_ops):
+        return [{"algorithm": "depthwise", **dataclasses.asdict(v)}
+                for v in depthwise.variants(g, isa, post_ops, blocking, pool)]
     wide = grouped.widen(g) if grouped.applies(g) else g
     out = [{"algorithm": "direct", **dataclasses.asdict(v)} for v in direct.variants(wide, isa, mr, blocking, pool)]
     if winograd.refusal(g) is None:
@@ -202,31 +204,42 @@ def candidates(conv: ConvParams, isa, pool: int, blocking: ConvBlocking = NO_BLO
     return out
 
 
+def _runs_depthwise(g: Geometry, post_ops: PostOps) -> bool:
+    """Narrow groups take the depthwise family's grouped kernel unless a residual is fused (its
+    epilogue has none; the block-diagonal direct conv has)."""
+    return g.depthwise or (depthwise.lane_groups(g) and not post_ops.residual)
+
+
+def _variant(choice: dict):
+    """The family's Variant a direct or depthwise choice names (TypeError on missing fields)."""
+    fields = {k: v for k, v in choice.items() if k != "algorithm"}
+    return (direct.Variant if choice["algorithm"] == "direct" else depthwise.Variant)(**fields)
+
+
 def scheduled_candidates(conv: ConvParams, post_ops: PostOps, isa, threads,
                          blocking: ConvBlocking = NO_BLOCKING) -> list[tuple[dict, Scheduled]]:
     """Each of the layer's candidates (candidates) with its Scheduled layer, not compiled;
     scheduled among the cores (common/parallel.py)."""
     pool = threads or os.cpu_count() or 1
-    choices = candidates(conv, isa, pool, blocking)
+    choices = candidates(conv, isa, pool, blocking, post_ops)
     make = [functools.partial(_schedule_x86, conv, post_ops, isa, "auto", None, threads, pool, blocking, False, c)
             for c in choices]
     return [(c, s or m()) for c, s, m in zip(choices, parallel.run(make), make)]
 
 
 def plan_label(plan) -> str:
-    """The candidate a plan is (choice_label's form): "F(m)", or the direct conv's variant;
-    the family's name for the others ("depthwise")."""
+    """The candidate a plan is, in choice_label's form."""
     if plan.algorithm == "winograd":
         return f"F({plan.tile})"
     if plan.algorithm == "direct":
         return direct.Variant(plan.mr, plan.output_blocks, plan.band_rows, plan.band_parallel).label
-    return plan.algorithm
+    return depthwise.Variant(plan.step, plan.band_rows).label
 
 
 def choice_label(choice: dict) -> str:
     if choice["algorithm"] == "winograd":
         return f"F({choice['tile']})"
-    return direct.Variant(**{k: v for k, v in choice.items() if k != "algorithm"}).label
+    return _variant(choice).label
 
 
 def measure(conv: ConvParams, post_ops: PostOps = NO_POST_OPS, target="native", threads=None,
@@ -234,7 +247,7 @@ def measure(conv: ConvParams, post_ops: PostOps = NO_POST_OPS, target="native", 
     """autotune=True's step: unless this layer was timed on this host at this thread count
     (or `again`), compile and time its candidates (autotune.py) and keep the fastest
     (tuned.save_layer). Returns the layer's entry; None where there is nothing to choose (a
-    depthwise layer)."""
+    1x1 depthwise layer, which stays plain TIR)."""
     isa = resolve(target)
     if isa.arch != "x86":
         raise ValueError(f"autotune times the x86 float32 conv2d; target {isa.name} is {isa.arch}")
@@ -257,7 +270,7 @@ def measure(conv: ConvParams, post_ops: PostOps = NO_POST_OPS, target="native", 
     return tuned.layer(isa.name, layer_key(conv), pool)
 
 
-def _measured_choice(conv: ConvParams, g: Geometry, isa, pool: int) -> tuple[dict, str, str] | None:
+def _measured_choice(conv: ConvParams, g: Geometry, isa, pool: int, post_ops: PostOps) -> tuple[dict, str, str] | None:
     """(choice, reason, source) from the layer's own timing (autotune), or None. A choice this
     layer cannot take (a hand-edited file) is ignored with a warning."""
     entry = tuned.layer(isa.name, layer_key(conv), pool)
@@ -265,14 +278,16 @@ def _measured_choice(conv: ConvParams, g: Geometry, isa, pool: int) -> tuple[dic
         return None
     choice, seconds = entry["choice"], entry["seconds"]
     try:
+        family = "depthwise" if _runs_depthwise(g, post_ops) else "direct"
         if choice["algorithm"] == "winograd":
             if winograd.refusal(g) is not None or choice.get("tile") not in winograd.TILES:
                 raise ValueError(f"F({choice.get('tile')}) cannot run this layer")
+        elif choice["algorithm"] != family:
+            raise ValueError(f"the {family} family runs this layer")
+        elif family == "depthwise":
+            _variant(choice).check(g, isa, post_ops)
         else:
-            if g.depthwise or depthwise.lane_groups(g):
-                raise ValueError("the depthwise family runs this layer")
-            wide = grouped.widen(g) if grouped.applies(g) else g
-            direct.Variant(**{k: v for k, v in choice.items() if k != "algorithm"}).check(wide, isa)
+            _variant(choice).check(grouped.widen(g) if grouped.applies(g) else g, isa)
         label = choice_label(choice)
     except (TypeError, ValueError) as e:
         LOG.warning("ignoring the measured plan %r of %s: %s", choice, layer_key(conv), e)
@@ -290,7 +305,7 @@ def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, thr
     g = Geometry.of(conv, block=nr)
     reason, source, variant = None, "defaults", None
     if choice is None and algorithm == "auto":
-        measured = _measured_choice(conv, g, isa, pool)
+        measured = _measured_choice(conv, g, isa, pool, post_ops)
         if measured is not None:
             choice, reason, source = measured
     if choice is not None:
@@ -298,8 +313,7 @@ def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, thr
         if choice["algorithm"] == "winograd":
             algorithm, tile = "winograd", choice["tile"]
         else:
-            algorithm = "direct"
-            variant = direct.Variant(**{k: v for k, v in choice.items() if k != "algorithm"})
+            algorithm, variant = "direct", _variant(choice)
     if algorithm != "direct":
         if algorithm == "auto":
             tile, reason, source = winograd.choose(g, isa.name, pool)
@@ -309,13 +323,13 @@ def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, thr
             mod, plan = winograd.schedule(g, isa, tile, post_ops, blocking, pool, reason or "algorithm='winograd'")
             plan = dataclasses.replace(plan, source=source)
             return Scheduled(winograd.WinogradConv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
-    # Narrow groups take the depthwise family's grouped kernel unless a residual is fused (its
-    # epilogue has none; the block-diagonal direct conv below has).
-    if g.depthwise or (depthwise.lane_groups(g) and not post_ops.residual):
-        why = "groups = input channels: the depthwise kernel" if g.depthwise else \
-            f"groups of {g.cg} channels in the vector lanes: the depthwise kernel's grouped variant"
-        mod, plan = depthwise.schedule(g, isa, post_ops, blocking, pool, why)
-        return Scheduled(depthwise.DepthwiseConv2dOp, g, isa, mod, plan, post_ops, threads, emulate)
+    if _runs_depthwise(g, post_ops):
+        why = reason if choice is not None else ("groups = input channels: the depthwise kernel" if g.depthwise else
+                                                 f"groups of {g.cg} channels in the vector lanes: the depthwise "
+                                                 "kernel's grouped variant")
+        mod, plan = depthwise.schedule(g, isa, post_ops, blocking, pool, why, variant)
+        return Scheduled(depthwise.DepthwiseConv2dOp, g, isa, mod, dataclasses.replace(plan, source=source), post_ops,
+                         threads, emulate)
     reason = reason or "algorithm='direct'"
     if grouped.applies(g):  # small groups: blocks of 16 channels with block-diagonal weights
         wide = grouped.widen(g)

@@ -78,3 +78,4 @@ class DepthwisePlan(Plan):
     multiplier: int  # output channels per input channel
     kernel: str | None  # the row kernel's name; None where the layer stays plain TIR
     group: int = 1  # input (= output) channels per group: 1 depthwise, 2-8 ResNeXt-like ("grouped")
+    step: int | None = None  # the row kernel's pixels per step; None where the layer stays plain TIR

@@ -64,8 +64,10 @@ def test_candidates_start_with_the_planned_direct_conv_and_add_winograd_where_it
     assert len(got) == len(set(got)) >= 5  # variants of the direct conv beside the planned one
     assert not any(label.startswith("F(") for label in labels(params(data_shape=(1, 32, 14, 14),
                                                                       weight_shape=(32, 32, 1, 1))))
-    # The depthwise family's layers: nothing to choose.
-    assert labels(params(data_shape=(1, 32, 14, 14), weight_shape=(32, 1, 3, 3), padding=1, groups=32)) == []
+    # The depthwise family's layers: its pixel step and bands; a 1x1 one stays plain TIR, one plan.
+    dw = labels(params(data_shape=(1, 32, 14, 14), weight_shape=(32, 1, 3, 3), padding=1, groups=32))
+    assert len(dw) >= 2 and all(label.startswith("depthwise step") for label in dw)
+    assert len(labels(params(data_shape=(1, 32, 14, 14), weight_shape=(32, 1, 1, 1), groups=32))) == 1
 
 
 @pytest.mark.parametrize("layer", [
@@ -73,7 +75,10 @@ def test_candidates_start_with_the_planned_direct_conv_and_add_winograd_where_it
     dict(data_shape=(1, 32, 7, 7), weight_shape=(64, 32, 3, 3), padding=1),  # two output blocks per tile
     dict(data_shape=(2, 16, 9, 30), weight_shape=(32, 16, 1, 1), stride=2),  # batch 2, strided, odd rows
     dict(data_shape=(1, 32, 10, 10), weight_shape=(64, 4, 3, 3), padding=1, groups=8),  # block-diagonal groups
-], ids=["3x3", "7x7-two-blocks", "1x1-s2-batch2", "grouped"])
+    dict(data_shape=(1, 48, 14, 14), weight_shape=(48, 1, 3, 3), padding=1, groups=48),  # depthwise
+    dict(data_shape=(2, 24, 7, 9), weight_shape=(24, 1, 3, 3), stride=2, padding=1, groups=24),  # depthwise, s2, odd
+    dict(data_shape=(1, 32, 12, 12), weight_shape=(32, 4, 3, 3), padding=1, groups=8),  # groups in the lanes
+], ids=["3x3", "7x7-two-blocks", "1x1-s2-batch2", "grouped", "depthwise", "depthwise-s2-batch2", "lane-groups"])
 def test_every_candidate_computes_the_layer(rng, layer):
     conv = params(**layer)
     x = rng.standard_normal(conv.data_shape, np.float32)
@@ -138,7 +143,8 @@ def test_the_measurements_file_keeps_the_choice_for_the_next_process(tmp_path, m
     {"algorithm": "winograd", "tile": 3},
     {"algorithm": "direct", "mr": 28, "blocks": 2, "band_rows": 4, "band_parallel": True},
     {"algorithm": "direct", "mr": 28, "band_rows": 7},
-], ids=["no-such-tile", "two-blocks-on-one", "missing-field"])
+    {"algorithm": "depthwise", "step": 4, "band_rows": 7},
+], ids=["no-such-tile", "two-blocks-on-one", "missing-field", "another-family"])
 def test_a_stored_plan_the_layer_cannot_take_is_ignored_with_a_warning(monkeypatch, caplog, choice):
     conv = params(data_shape=(1, 16, 28, 28), weight_shape=(16, 16, 3, 3), padding=1)
     monkeypatch.setitem(tuned._MEMORY, (ISA.name, dispatch.layer_key(conv), 2),

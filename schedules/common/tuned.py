@@ -19,7 +19,8 @@ What the planners take from it (each falls back on its constant where the file l
   plans timed on this host (conv2d(..., autotune=True), optimize(..., autotune=True) or
   `tune --models`), keyed by the layer's shapes and parameters (conv.dispatch.layer_key) and
   the threads it runs on; algorithm="auto" takes its "choice" ({"algorithm": "direct", "mr",
-  "blocks", "band_rows", "band_parallel"} or {"algorithm": "winograd", "tile"}) over any rule.
+  "blocks", "band_rows", "band_parallel"}, {"algorithm": "winograd", "tile"} or
+  {"algorithm": "depthwise", "step", "band_rows"}) over any rule.
 Nothing here measures: an operator call never tunes unless asked to (autotune=True). With
 $TVM_MICROKERNELS_TUNE=off, what autotune measures is kept for this process only.
 """
@@ -42,6 +43,7 @@ from . import files
 LOG = logging.getLogger("tvm_microkernels.tuned")
 ENV = "TVM_MICROKERNELS_TUNE"
 FORMAT = 1
+LAYER_ALGORITHMS = ("direct", "winograd", "depthwise")  # the families a "layers" choice may name
 
 
 def path() -> Path | None:
@@ -164,7 +166,7 @@ def _problem(data: dict) -> str | None:
     for r in data.get("layers", []) if isinstance(data.get("layers", []), list) else [None]:
         ok = isinstance(r, dict) and isinstance(r.get("isa"), str) and isinstance(r.get("layer"), str) \
             and count(r.get("threads")) and isinstance(r.get("choice"), dict) \
-            and r["choice"].get("algorithm") in ("direct", "winograd") and isinstance(r.get("seconds"), dict) \
+            and r["choice"].get("algorithm") in LAYER_ALGORITHMS and isinstance(r.get("seconds"), dict) \
             and all(positive(v) for v in r["seconds"].values())
         if not ok:
             return f"a layers entry is not {{isa, layer, threads, choice: {{algorithm, ...}}, seconds}}: {r!r}"

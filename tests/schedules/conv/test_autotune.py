@@ -139,6 +139,26 @@ def test_the_measurements_file_keeps_the_choice_for_the_next_process(tmp_path, m
     assert schedules.conv2d(**LAYER, threads=2).plan.algorithm == "direct"
 
 
+@pytest.mark.parametrize("layer", [
+    LAYER,
+    dict(data_shape=(1, 32, 14, 14), weight_shape=(32, 1, 3, 3), padding=1, groups=32),
+    dict(data_shape=(1, 32, 12, 12), weight_shape=(32, 4, 3, 3), padding=1, groups=8),
+    dict(data_shape=(1, 32, 10, 10), weight_shape=(64, 4, 3, 3), padding=1, groups=8),
+], ids=["direct-winograd", "depthwise", "lane-groups", "block-diagonal"])
+def test_every_family_s_choice_is_read_back_from_the_file(tmp_path, monkeypatch, timings, layer):
+    """What autotune writes for each family passes the file's own checks (a choice the reader
+    refused made it drop the whole file, and the next save lost every measurement)."""
+    where = tmp_path / "tuned.json"
+    monkeypatch.setenv(tuned.ENV, str(where))
+    tuned.save({"matmul_tiles": {ISA.name: [[8, 32, 0.9]]}})
+    timings["fastest"] = labels(params(**layer))[-1]
+    schedules.conv2d(**layer, threads=2, autotune=True)
+    tuned._MEMORY.clear()
+    assert tuned.current() is not None and tuned.matmul_tiles(ISA.name) == ((8, 32, 0.9),)
+    op = schedules.conv2d(**layer, threads=2)
+    assert op.plan.source == f"tuned ({where})" and dispatch.plan_label(op.plan) == timings["fastest"]
+
+
 @pytest.mark.parametrize("choice", [
     {"algorithm": "winograd", "tile": 3},
     {"algorithm": "direct", "mr": 28, "blocks": 2, "band_rows": 4, "band_parallel": True},

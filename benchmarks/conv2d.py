@@ -109,10 +109,11 @@ EXHAUSTIVE = ("direct", "wino2", "wino4", "wino6")
 
 def other_plans(isa: Isa, layer: Layer, threads: int) -> dict:
     """{label: op} of the layer's candidate plans (conv.dispatch.candidates, what autotune
-    times) other than the planned direct conv and Winograd, which run under their own names."""
+    times) other than the planned one (the "direct" row: the direct or the depthwise family's)
+    and Winograd's, which run under their own names."""
     conv = layer.geometry_params
     plans = scheduled_candidates(conv, NO_POST_OPS, isa, threads)
-    return {plan_label(s.plan): s.build() for c, s in plans[1:] if c["algorithm"] == "direct"}
+    return {plan_label(s.plan): s.build() for c, s in plans[1:] if c["algorithm"] != "winograd"}
 
 
 def _distance(isa: Isa, layer: Layer, threads: int, seconds: dict, log) -> float:

@@ -139,9 +139,15 @@ class Conv2dOp(CompiledOp):
         return self.geometry.groups
 
     def packs_weights_compiled(self) -> bool:
-        """pack_weights is the plain OIHW[x]i[y]o repacking, so layouts.compile_pack_weights
-        can do it (not Winograd's transform, depthwise or block-diagonal weights)."""
+        """Whether the NCHW paths pack weights with compiled code (weight_packer): the plain
+        OIHW[x]i[y]o repacking here, Winograd's transform; not depthwise or block-diagonal
+        weights, which numpy packs once per bind."""
         return type(self).pack_weights is Conv2dOp.pack_weights
+
+    def weight_packer(self):
+        """pack_weights compiled: f(w OIHW, out blocked) on TVM tensors."""
+        g = self.geometry
+        return layouts.compile_pack_weights((g.o, g.cg, g.kh, g.kw), g.bi, g.block, g.groups, self.isa)
 
     def scratch(self, name: str):
         """A blocked buffer of the NCHW paths ("data", "out", "residual", "weight"), one per
@@ -164,8 +170,7 @@ class Conv2dOp(CompiledOp):
         if self.post.residual:
             out["residual"] = layouts.compile_to_nchwc((g.n, g.o, *g.out_hw), g.block, self.out_groups, self.isa)
         if self.packs_weights_compiled():
-            out["pack_weights"] = layouts.compile_pack_weights((g.o, g.cg, g.kh, g.kw), g.bi, g.block, g.groups,
-                                                               self.isa)
+            out["pack_weights"] = self.weight_packer()
         return out
 
 
@@ -195,7 +200,7 @@ class BoundConv2d:
             src = user_operand(weight if isinstance(weight, tvm.runtime.Tensor) else np.ascontiguousarray(weight))
             op.prepare()
             op.transforms["pack_weights"](src, self.weight)
-        else:  # Winograd's transform, depthwise and block-diagonal panels: numpy, once
+        else:  # depthwise and block-diagonal panels: numpy, once
             w = weight.numpy() if isinstance(weight, tvm.runtime.Tensor) else weight
             self.weight = tvm.runtime.tensor(op.pack_weights(w))
         self.bias = None if bias is None else tvm.runtime.tensor(op.pack_bias(bias))

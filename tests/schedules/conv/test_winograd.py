@@ -7,6 +7,7 @@ on a host without AVX-512).
 
 import numpy as np
 import pytest
+import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,6 +137,28 @@ def test_packed_weights_shape_and_bytes(rng):
     assert u.shape == op.blocked_weight_shape and u.dtype == np.float32
     assert op.plan["weight_bytes"] == u.nbytes
     assert not u[:, :, :, 20:].any() and not u.reshape(2, 8, 8, 32 * 16)[1, :, :, :].reshape(8, 8, 32, 16)[..., 2:].any()
+
+
+@pytest.mark.parametrize("m", sorted(wino.POINTS))
+@pytest.mark.parametrize("o, c", [(18, 20), (32, 16), (5, 3)])
+def test_the_compiled_weight_transform_equals_numpys_within_one_ulp(rng, m, o, c):
+    """op(x, w) and bind transform the weights with a compiled module (weight_packer), the Relax
+    pass with numpy (pack_weights): both sum in float64 and round once, in different orders, so
+    they agree to the last bit but for rare ties of the rounding (F(4)'s sixths: 0.08% of the
+    values one ulp apart); every element written, padding channels zero; and op(x, w) through
+    it matches the blocked path on numpy's weights."""
+    op = schedules.conv2d((1, c, 9, 9), (o, c, 3, 3), padding=1, algorithm="winograd", tile=m, target=HOST)
+    w = rng.standard_normal((o, c, 3, 3), dtype=np.float32) * 10
+    want = op.pack_weights(w)
+    got = tvm.runtime.empty(op.blocked_weight_shape, "float32")
+    got.copyfrom(np.full(op.blocked_weight_shape, np.nan, np.float32))  # every element must be written
+    op.weight_packer()(tvm.runtime.tensor(w), got)
+    np.testing.assert_array_max_ulp(got.numpy(), want, maxulp=1)
+    by_output = got.numpy().transpose(0, 4, 1, 2, 3).reshape(-1, *got.shape[1:4])  # (blocks * 16, a, a, C)
+    assert not by_output[o:].any() and not by_output[..., c:].any()  # the padding channels
+    x = rng.standard_normal((1, c, 9, 9), dtype=np.float32)
+    np.testing.assert_allclose(op(x, w), op.from_blocked(op.run_blocked(op.to_blocked(x), want)), rtol=1e-5,
+                               atol=1e-5 * np.abs(w).max() * np.abs(x).max() * c * 9)
 
 
 @pytest.mark.parametrize("kw, why", [

@@ -314,6 +314,7 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
             by_kind: dict[str, list[float]] = {}  # kind -> [ours (first algorithm), torch], weighted
             rows = []
             distances = []  # (auto's time over the best, layer row), exhaustive
+            weighted = [0.0, 0.0]  # auto's plans and the fastest ones, seconds times layer counts
             for layer, by_algo, extra in zip(layers, ops, extras):
                 x = rng.standard_normal((1, layer.c, layer.h, layer.w), dtype=np.float32)
                 w = rng.standard_normal(layer.weight_shape, dtype=np.float32)
@@ -377,7 +378,10 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 if exhaustive:
                     named = {plan_label(by_algo[a].plan) if a in by_algo and by_algo[a] is not None else a: t
                              for a, t in best.items()}
-                    distances.append((_distance(isa, layer, threads, named, log), layer.row))
+                    ratio = _distance(isa, layer, threads, named, log)
+                    distances.append((ratio, layer.row))
+                    weighted[0] += layer.count * ratio * min(named.values())
+                    weighted[1] += layer.count * min(named.values())
             if len(by_kind) > 1:
                 log("  by kind (direct): " + "; ".join(
                     f"{k} ours {o * 1e3:.2f} ms" + (f", torch {t * 1e3:.2f} ms, ours/torch {o / t:.2f}" if tv and t else "")
@@ -393,7 +397,9 @@ def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1:
                 near = sum(d <= 1.05 for d, _ in distances)
                 worst, row = max(distances)
                 log(f"  exhaustive: auto within 5% of the fastest on {near} of {len(distances)} layers; "
-                    f"worst {worst:.2f}x (layer {row})")
+                    f"worst {worst:.2f}x (layer {row}); weighted by the layers' counts, auto's plans "
+                    f"{weighted[0] * 1e3:.2f} ms against the fastest's {weighted[1] * 1e3:.2f} ms "
+                    f"({weighted[0] / weighted[1]:.3f})")
             out["runs"].append({"threads": threads, "cache": mode, "layers": rows,
                                 "auto_over_best": [{"layer": r, "ratio": d} for d, r in distances],
                                 "by_kind_ms": {k: {"ours": o * 1e3, "torch": t * 1e3 if tv else None}

@@ -81,7 +81,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return f"depthwise step {self.step}, bands of {self.band_rows}"
+        return f"depthwise {self.step}px bands of {self.band_rows}"
 
     def check(self, g: Geometry, isa: Isa, post: PostOps) -> None:
         """Refuse a variant this layer cannot run (a hand-edited measurement file)."""

@@ -66,7 +66,7 @@ def test_candidates_start_with_the_planned_direct_conv_and_add_winograd_where_it
                                                                       weight_shape=(32, 32, 1, 1))))
     # The depthwise family's layers: its pixel step and bands; a 1x1 one stays plain TIR, one plan.
     dw = labels(params(data_shape=(1, 32, 14, 14), weight_shape=(32, 1, 3, 3), padding=1, groups=32))
-    assert len(dw) >= 2 and all(label.startswith("depthwise step") for label in dw)
+    assert len(dw) >= 2 and all(label.startswith("depthwise ") for label in dw)
     assert len(labels(params(data_shape=(1, 32, 14, 14), weight_shape=(32, 1, 1, 1), groups=32))) == 1
 
 

@@ -144,6 +144,10 @@ class Conv2dOp(CompiledOp):
         weights, which numpy packs once per bind."""
         return type(self).pack_weights is Conv2dOp.pack_weights
 
+    def emulated_weights(self, weight: np.ndarray) -> np.ndarray:
+        """The packed weights an emulated op's NCHW paths run on (the emulator takes numpy)."""
+        return self.pack_weights(weight)
+
     def weight_packer(self):
         """pack_weights compiled: f(w OIHW, out blocked) on TVM tensors."""
         g = self.geometry
@@ -190,7 +194,7 @@ class BoundConv2d:
         lead = () if op.user_batch is None else (op.user_batch,)
         self._user_shapes = (*lead, g.c, g.h, g.w), (*lead, g.o, *g.out_hw)
         if op.emulate:
-            self.weight = op.pack_weights(weight)
+            self.weight = op.emulated_weights(weight)
             self.bias = None if bias is None else op.pack_bias(bias)
             return
         check_operand("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")

@@ -28,7 +28,7 @@ from intrinsics.f32_gemm import register as register_gemm
 from intrinsics.f32_wino import emit
 from intrinsics.f32_wino import register as register_wino
 from intrinsics.templates import epilogue_expr
-from microkernels import DEFAULT_TILES, GemmKernel, Isa
+from microkernels import DEFAULT_TILES, GemmKernel, Isa, best_host_isa
 from microkernels import f32_wino as wino
 
 from ..common import layouts, tuned
@@ -264,9 +264,21 @@ class WinogradConv2dOp(Conv2dOp):
     def packs_weights_compiled(self) -> bool:
         return True
 
-    def weight_packer(self):
-        """The transform compiled (transform_weights_module): what op(x, w) runs on every call."""
-        return tvm.compile(transform_weights_module(self.geometry, self.tile), target=self.isa.target)["main"]
+    def weight_packer(self, isa: Isa | None = None):
+        """The transform compiled (transform_weights_module) for `isa` (the op's by default):
+        what op(x, w) runs on every call."""
+        return tvm.compile(transform_weights_module(self.geometry, self.tile), target=(isa or self.isa).target)["main"]
+
+    def emulated_weights(self, weight: np.ndarray) -> np.ndarray:
+        """The same transform, compiled for this host: its float64 sums contract into FMAs as the
+        native op's do (AVX2 and AVX-512 builds agree bit for bit), while numpy's pack_weights
+        rounds each product, one ulp off on a few values; so an emulated op(x, w) matches a
+        native one exactly."""
+        g = self.geometry
+        check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
+        out = tvm.runtime.empty(self.blocked_weight_shape, "float32")
+        self.weight_packer(best_host_isa())(tvm.runtime.tensor(np.ascontiguousarray(weight)), out)
+        return out.numpy()
 
     def pack_weights(self, weight: np.ndarray) -> np.ndarray:
         """U[o, xi, nu, c, j] = (G w G^T)[xi, nu] of output channel 16*o + j, input channel c,

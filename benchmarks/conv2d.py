@@ -25,13 +25,13 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import tvm
 
 import schedules
 from microkernels import Isa
 from schedules.common.targets import require_host, set_threads
-from schedules.common.timing import flush_caches, seconds_per_call, settle
+from schedules.common.timing import network_state, seconds_per_call, settle
 from schedules.conv import NO_POST_OPS, ConvParams, Geometry
+from schedules.conv.autotune import blocked_call
 from schedules.conv.dispatch import plan_label, schedule_args, scheduled_candidates
 from schedules.conv.winograd import refusal
 
@@ -166,19 +166,6 @@ def calls_per_repeat(flops: int, peak_gflops: float, cold: bool) -> int:
     return 1 if cold else max(1, int(0.02 * peak_gflops * 1e9 / flops))
 
 
-def _network_state(data):
-    """`before` for timing a call as inside a network at batch 1 (cache mode "network"): the
-    caches flushed, so the weights come from memory, then the input read back in, as the layer
-    before just wrote it. What autotune and `tune` time (schedules/conv/autotune.py)."""
-    read = data.numpy if hasattr(data, "numpy") else data.sum
-
-    def before():
-        flush_caches()
-        read()
-
-    return before
-
-
 def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, cold: bool,
                   network: bool = False) -> float:
     import torch
@@ -188,7 +175,7 @@ def torch_seconds(layer: Layer, x, w, threads: int, number: int, repeat: int, co
     run = lambda: torch.nn.functional.conv2d(tx, tw, stride=layer.stride, padding=layer.pad,  # noqa: E731
                                              groups=layer.groups)
     with torch.no_grad():
-        return seconds_per_call(run, number, repeat, cold, before=_network_state(x) if network else None)
+        return seconds_per_call(run, number, repeat, cold, before=network_state(x) if network else None)
 
 
 def dw_loop_gflops(isa: Isa, layer: Layer, calls: int = 2000, repeat: int = 5) -> float:
@@ -229,18 +216,10 @@ ROUNDS = 3
 PATHS = ("kernel", "blocked", "nchw", "bound")
 
 
-def blocked_call(op, x, w):
-    """(a call of op's compiled module on TVM tensors made once, its blocked input tensor): the
-    input converted and the weights packed beforehand, the output written in place."""
-    xb, wb = (tvm.runtime.tensor(a) for a in (op.to_blocked(x), op.pack_weights(w)))
-    out = tvm.runtime.empty(op.blocked_out_shape, "float32")
-    return (lambda: op.run_blocked(xb, wb, out=out)), xb
-
-
 def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, cold: bool,
                  network: bool = False) -> float:
     """Median seconds per call of `op` on one of the user paths (PATHS); network: cold
-    weights, warm input (_network_state):
+    weights, warm input (timing.network_state):
     kernel  the compiled module alone on TVM tensors made once (op.time);
     blocked op.run_blocked on numpy arrays in the blocked layouts (weights packed beforehand);
     nchw    op(x, w) on the NCHW / OIHW arrays PyTorch gets, weights packed on every call;
@@ -266,7 +245,7 @@ def ours_seconds(op, path: str, x, w, threads: int, number: int, repeat: int, co
         call = lambda: f(x)  # noqa: E731
     else:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    return seconds_per_call(call, number, repeat, cold, before=_network_state(data) if network else None)
+    return seconds_per_call(call, number, repeat, cold, before=network_state(data) if network else None)
 
 
 def run(isa: Isa, layers: list[Layer], thread_counts, repeat: int, modes, peak1: float, log,

@@ -30,7 +30,8 @@ import numpy as np
 from microkernels import MATMUL_TILES, GemmKernel, Isa
 from schedules.common import timing, tuned
 from schedules.common.targets import set_threads
-from schedules.conv import ConvParams, measure
+from schedules.conv import measure
+from schedules.conv.autotune import blocked_call
 
 from . import conv2d, gemm, plot
 
@@ -88,13 +89,10 @@ def autotune_tables(isa: Isa, tables: list[str], log) -> list[dict]:
     layers = [layer for table in tables for layer in conv2d.load_workloads(table)]
     for threads in sorted({1, os.cpu_count() or 1}):
         for layer in layers:
-            g = layer.geometry
-            params = ConvParams((1, layer.c, layer.h, layer.w), layer.weight_shape, stride=layer.stride,
-                                padding=layer.pad, groups=layer.groups)
-            entry = measure(params, target=f"x86-{isa.name}", threads=threads, again=True)
+            entry = measure(layer.geometry_params, target=f"x86-{isa.name}", threads=threads, again=True)
             if entry is None:
                 log(f"[{time.perf_counter() - start:6.1f} s] {layer.label}: nothing to choose "
-                    f"({'depthwise' if g.depthwise else 'one plan'})")
+                    f"({'depthwise' if layer.geometry.depthwise else 'one plan'})")
                 continue
             entries.append(entry)
             seconds = entry["seconds"]
@@ -106,18 +104,11 @@ def autotune_tables(isa: Isa, tables: list[str], log) -> list[dict]:
 
 
 def _layer_seconds(op, x, w, number: int, repeat: int) -> tuple[float, float]:
-    """(warm, cold weights) seconds per call of the compiled layer on blocked tensors. Cold
-    weights is a layer's state inside a network at batch 1: its weights were last read an image
-    ago (ResNet-50's 100 MB pass through the L3 once per image), its input was just written by
-    the layer before. So: flush the caches, read the input back in, then time the call."""
-    call, xb = conv2d.blocked_call(op, x, w)
-
-    def cold_weights():
-        timing.flush_caches()
-        xb.numpy()  # reads the input into the caches
-
+    """(warm, cold weights) seconds per call of the compiled layer on blocked tensors; cold
+    weights: the layer's state inside a network at batch 1 (timing.network_state)."""
+    call, xb = blocked_call(op, x, w)
     warm = min(timing.seconds_per_call(call, number, repeat, cold=False) for _ in range(2))
-    cold = min(timing.seconds_per_call(call, 3, repeat, cold=True, before=cold_weights) for _ in range(2))
+    cold = min(timing.seconds_per_call(call, 3, repeat, cold=True, before=timing.network_state(xb)) for _ in range(2))
     return warm, cold
 
 

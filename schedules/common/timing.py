@@ -18,6 +18,20 @@ def flush_caches():
     _FLUSH += 1.0
 
 
+def network_state(data):
+    """A `before` for seconds_per_call that times a call as a layer runs inside a network at
+    batch 1: the caches flushed, so its weights come from memory (a network's pass through the
+    L3 once per image), then its input read back in, as the layer before just wrote it. `data`:
+    the call's input, a TVM tensor or a numpy array."""
+    read = data.numpy if hasattr(data, "numpy") else data.sum
+
+    def before():
+        flush_caches()
+        read()
+
+    return before
+
+
 def seconds_per_call(call, number: int, repeat: int, cold: bool, before=None) -> float:
     """Median over `repeat` of the mean time of `number` calls (after one untimed call); cold:
     caches flushed before every call, outside the timed span; `before`, if given, runs there

@@ -17,7 +17,7 @@ What the planners take from it (each falls back on its constant where the file l
   algorithm="auto" takes the fastest of the nearest measured layer (winograd.choose);
 - "layers": [{"isa", "layer", "threads", "choice", "seconds"}, ...]: one layer's candidate
   plans timed on this host (conv2d(..., autotune=True), optimize(..., autotune=True) or
-  `tune --models`), keyed by the layer's shapes and parameters (conv.dispatch.layer_key) and
+  `tune --autotune TABLE`), keyed by the layer's shapes and parameters (conv.dispatch.layer_key) and
   the threads it runs on; algorithm="auto" takes its "choice" ({"algorithm": "direct", "mr",
   "blocks", "band_rows", "band_parallel"}, {"algorithm": "winograd", "tile"} or
   {"algorithm": "depthwise", "step", "band_rows"}) over any rule.

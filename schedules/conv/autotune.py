@@ -40,22 +40,22 @@ def time_candidates(ops: dict, budget: float = BUDGET, seed: int = 0) -> dict[st
     of any family), timed in turns with cold weights and a warm input within `budget`."""
     if not ops:
         return {}
-    first = next(iter(ops.values()))
-    g = first.layer
+    g = next(iter(ops.values())).layer
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((g.n, g.c, g.h, g.w), np.float32)
     w = rng.standard_normal((g.o, g.cg, g.kh, g.kw), np.float32)
-    calls = {label: _blocked_call(op, x, w, rng) for label, op in ops.items()}
-    for call, _ in calls.values():  # untimed: page faults, the thread pool's start
-        call()
+    calls = {}
+    for label, op in ops.items():
+        call, xb = blocked_call(op, x, w, seed)
+        call()  # untimed: page faults, the thread pool's start
+        calls[label] = call, timing.network_state(xb)
     times: dict[str, list[float]] = {label: [] for label in calls}
     alive = list(calls)
     start, rounds = time.perf_counter(), 0
     while rounds < ROUNDS_MIN or (time.perf_counter() - start < budget and len(alive) > 1):
         for label in alive:
-            call, xb = calls[label]
-            timing.flush_caches()
-            xb.numpy()  # the input back in the caches, as the layer before left it
+            call, network_state = calls[label]
+            network_state()
             t = time.perf_counter()
             call()
             times[label].append(time.perf_counter() - t)
@@ -67,15 +67,15 @@ def time_candidates(ops: dict, budget: float = BUDGET, seed: int = 0) -> dict[st
     return {label: float(np.median(t)) for label, t in times.items()}
 
 
-def _blocked_call(op, x, w, rng):
-    """(a call of the op's module on TVM tensors made once, its blocked input tensor)."""
-    xb = tvm.runtime.tensor(op.to_blocked(x))
-    args = [xb, tvm.runtime.tensor(op.pack_weights(w))]
-    if op.post.bias:
-        args.append(tvm.runtime.tensor(op.pack_bias(rng.standard_normal(op.layer.o).astype(np.float32))))
-    if op.post.residual:
-        args.append(tvm.runtime.tensor(rng.standard_normal(op.blocked_out_shape).astype(np.float32)))
+def blocked_call(op, x, w, seed: int = 0):
+    """(a call of a compiled conv2d op's module on TVM tensors made once, its blocked input
+    tensor): the input converted and the weights packed beforehand, random bias and residual
+    where the op fuses them, the output written in place. What autotune, `tune` and the
+    benches time."""
+    rng = np.random.default_rng(seed)
+    tensor = tvm.runtime.tensor
+    xb, wb = tensor(op.to_blocked(x)), tensor(op.pack_weights(w))
+    bias = tensor(op.pack_bias(rng.standard_normal(op.layer.o).astype(np.float32))) if op.post.bias else None
+    residual = tensor(rng.standard_normal(op.blocked_out_shape).astype(np.float32)) if op.post.residual else None
     out = tvm.runtime.empty(op.blocked_out_shape, "float32")
-    bias = args[2] if op.post.bias else None
-    residual = args[-1] if op.post.residual else None
-    return (lambda: op.run_blocked(args[0], args[1], bias=bias, residual=residual, out=out)), xb
+    return (lambda: op.run_blocked(xb, wb, bias=bias, residual=residual, out=out)), xb

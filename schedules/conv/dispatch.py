@@ -28,23 +28,9 @@ from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
 from ..common import cache, parallel, tuned
-from ..common.targets import (
-    check_emulate,
-    dtype_name,
-    positive_int,
-    require_host,
-    resolve,
-    thread_count,
-)
+from ..common.targets import check_emulate, dtype_name, positive_int, require_host, resolve, thread_count
 from . import autotune, depthwise, direct, grouped, int8_arm, inverted, winograd
-from .geometry import (
-    NO_POST_OPS,
-    ConvBlocking,
-    ConvParams,
-    Geometry,
-    PostOps,
-    Quantization,
-)
+from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
 from .op import Conv2dOp, Scheduled
 
 LOG = logging.getLogger("tvm_microkernels.autotune")
@@ -197,8 +183,8 @@ def candidates(conv: ConvParams, isa, pool: int, blocking: ConvBlocking = NO_BLO
     if _runs_depthwise(g, post_ops):
         return [{"algorithm": "depthwise", **dataclasses.asdict(v)}
                 for v in depthwise.variants(g, isa, post_ops, blocking, pool)]
-    wide = grouped.widen(g) if grouped.applies(g) else g
-    out = [{"algorithm": "direct", **dataclasses.asdict(v)} for v in direct.variants(wide, isa, mr, blocking, pool)]
+    out = [{"algorithm": "direct", **dataclasses.asdict(v)}
+           for v in direct.variants(_direct_geometry(g), isa, mr, blocking, pool)]
     if winograd.refusal(g) is None:
         out += [{"algorithm": "winograd", "tile": m} for m in winograd.TILES]
     return out
@@ -208,6 +194,12 @@ def _runs_depthwise(g: Geometry, post_ops: PostOps) -> bool:
     """Narrow groups take the depthwise family's grouped kernel unless a residual is fused (its
     epilogue has none; the block-diagonal direct conv has)."""
     return g.depthwise or (depthwise.lane_groups(g) and not post_ops.residual)
+
+
+def _direct_geometry(g: Geometry) -> Geometry:
+    """What the direct conv computes for g: wider groups with block-diagonal weights where g's
+    groups are narrower than a block (grouped.widen), else g itself."""
+    return grouped.widen(g) if grouped.applies(g) else g
 
 
 def _variant(choice: dict):
@@ -287,7 +279,7 @@ def _measured_choice(conv: ConvParams, g: Geometry, isa, pool: int, post_ops: Po
         elif family == "depthwise":
             _variant(choice).check(g, isa, post_ops)
         else:
-            _variant(choice).check(grouped.widen(g) if grouped.applies(g) else g, isa)
+            _variant(choice).check(_direct_geometry(g), isa)
         label = choice_label(choice)
     except (TypeError, ValueError) as e:
         LOG.warning("ignoring the measured plan %r of %s: %s", choice, layer_key(conv), e)

@@ -269,11 +269,10 @@ class _Swap(PyExprMutator):
                 todo.setdefault(req, functools.partial(schedule_inverted, *req))
             else:
                 req = self._request(conv, self._algorithm(exprs.const(conv.call.args[1])))
+                params, post, algorithm = req
+                if self.autotune and algorithm == "auto" and req not in todo:
+                    measure(params, post, self.target, self.threads)
                 todo.setdefault(req, functools.partial(self._make, req))
-        if self.autotune:
-            for req in todo:
-                if len(req) == 3 and req[2] == "auto":  # (params, post-ops, algorithm): a conv of ours
-                    measure(req[0], req[1], self.target, self.threads)
         made = parallel.run(list(todo.values()))
         self.ready = {req: s for req, s in zip(todo, made) if s is not None}
 

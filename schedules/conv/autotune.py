@@ -18,7 +18,7 @@ let a plan whose calls vary (two threads, one sometimes late) win on one lucky c
 winner then changed from run to run.
 
 Cost: compiling the candidates (their scheduling shared among the cores: common/parallel.py)
-and `budget` seconds of timing, 0.5 s by default (at least two rounds, whatever the budget).
+and `budget` seconds of timing, 0.5 s by default (at least ROUNDS_MIN rounds, whatever the budget).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ GEMM reads: alpha^2 / 9 times the bytes of the 3x3 weights.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -277,8 +278,12 @@ class WinogradConv2dOp(Conv2dOp):
         g = self.geometry
         check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), "float32")
         out = tvm.runtime.empty(self.blocked_weight_shape, "float32")
-        self.weight_packer(best_host_isa())(tvm.runtime.tensor(np.ascontiguousarray(weight)), out)
+        self._host_weight_packer(tvm.runtime.tensor(np.ascontiguousarray(weight)), out)
         return out.numpy()
+
+    @functools.cached_property  # compiled once per op: an emulated op(x, w) transforms on every call
+    def _host_weight_packer(self):
+        return self.weight_packer(best_host_isa())
 
     def pack_weights(self, weight: np.ndarray) -> np.ndarray:
         """U[o, xi, nu, c, j] = (G w G^T)[xi, nu] of output channel 16*o + j, input channel c,

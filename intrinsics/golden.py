@@ -1,7 +1,8 @@
 """Golden assembly per kernel variant: what `asm_dumps/` holds and how it is regenerated.
 
 Each dump is the normalized assembly of one tile (K = GOLDEN_K) run through its intrinsic,
-compiled for the kernel's ISA: the FP32 GEMM tiles, and the NEON integer tiles (default shapes);
+compiled for the kernel's ISA: the FP32 GEMM tiles, and the integer tiles (NEON and x86, default
+shapes);
 of one Winograd transform (every kind, tile and x86 ISA) placed inside larger buffers; and of
 one depthwise row (dw_cases) placed inside larger buffers.
 Regenerate with `python -m microkernels regen-asm`; never edit.
@@ -19,7 +20,9 @@ from microkernels import (ARM_ISAS, DEFAULT_TILES, ISAS, NO_EPILOGUE, Epilogue, 
 from microkernels import f32_wino as wino
 from microkernels.f32_dwconv import DwKernel, default_mr
 from microkernels.f32_wino import WinoKernel
+from microkernels.int_gemm import IntGemmKernel, default_int_kernel
 from microkernels.int_mac import MacKernel, default_mac_kernel
+from microkernels.isa import X86_INT_ISAS
 
 from . import f32_wino as iwino
 from .f32_dwconv import DwRow, compile_row
@@ -31,7 +34,8 @@ DUMP_DIR = Path(__file__).resolve().parent.parent / "asm_dumps"
 
 def cases() -> list:
     """Per ISA: every register-budget tile (MR >= 2), the default tile, the matmul tiles, and the
-    default's beta=0 variant, plain and prefetching; the integer MAC tiles; every Winograd transform."""
+    default's beta=0 variant, plain and prefetching; the integer tiles (NEON and x86, default
+    shapes); every Winograd transform."""
     out = []
     for isa in ISAS.values():
         tiles = {GemmKernel(isa, mr, nr) for mr, nr in max_tiles(isa) if mr >= 2}
@@ -41,7 +45,8 @@ def cases() -> list:
         out.append(default_kernel(isa.name, accumulate=False))
         # Winograd's first GEMM segment: beta=0, prefetching the next U panel.
         out.append(GemmKernel(isa, *DEFAULT_TILES[isa.name], accumulate=False, prefetch=True))
-    return out + [default_mac_kernel(name) for name in ARM_ISAS] + wino_cases() + dw_cases()
+    return (out + [default_mac_kernel(name) for name in ARM_ISAS] + [default_int_kernel(name) for name in X86_INT_ISAS]
+            + wino_cases() + dw_cases())
 
 
 def dw_cases() -> list[DwRow]:
@@ -77,7 +82,7 @@ def compiled_function(kern) -> str:
         return asm.compute_function(lib.mod.inspect_source("asm"))
     if isinstance(kern, DwRow):
         return asm.compute_function(compile_row(kern).mod.inspect_source("asm"))
-    if isinstance(kern, MacKernel):
+    if isinstance(kern, (MacKernel, IntGemmKernel)):
         lib = tvm.compile(mac_tile_module(kern, GOLDEN_K), target=kern.isa.target)
         return asm.compute_function(lib.mod.inspect_source("asm"))
     return asm.compute_function(tile_asm(kern, GOLDEN_K))

@@ -19,6 +19,7 @@ from microkernels.int_mac import MacKernel
 from microkernels.isa import positive_int
 
 from . import registry
+from .int_gemm import grouped_pair
 
 
 def intrin_name(kern: MacKernel, k: int) -> str:
@@ -61,38 +62,7 @@ def _mac_pair(kern: MacKernel, kk: int):
 
 
 def _dot_pair(kern: MacKernel, kk: int):
-    mr, nr, sym, ir = kern.mr, kern.nr, kern.name, kern.llvm_ir()
-    kg = kk // 4
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, (mr, kk), "int8", offset_factor=1, strides=[T.int32(), 1])
-        B = T.match_buffer(b, (kg, nr, 4), "int8", offset_factor=1, strides=[T.int32(), 4, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[T.int32(), 1])
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kg, 0:nr, 0:4])
-            T.writes(C[0:mr, 0:nr])
-            for i, j, g, t in T.grid(mr, nr, kg, 4):
-                with T.sblock("update"):
-                    vi, vj, vg, vt = T.axis.remap("SSRR", [i, j, g, t])
-                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vg * 4 + vt]) * T.Cast("int32", B[vg, vj, vt])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
-        sa = T.int32()
-        sb = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (mr, kk), "int8", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (kg, nr, 4), "int8", offset_factor=1, strides=[sb, 4, 1])
-        C = T.match_buffer(c, (mr, nr), "int32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kg, 0:nr, 0:4])
-            T.writes(C[0:mr, 0:nr])
-            with T.attr(0, "pragma_import_llvm", ir):
-                T.evaluate(T.call_extern("void", sym, A.access_ptr("r"), sa, B.access_ptr("r"), sb,
-                                         C.access_ptr("w"), sc, kk))
-
-    return desc, impl
+    return grouped_pair(kern.mr, kern.nr, 4, "int8", "int8", kern.name, kern.llvm_ir(), kk)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,5 +1,5 @@
 """A module that runs exactly one GEMM tile through its intrinsic, FP32 (`GemmKernel`) or integer
-(`MacKernel`): for kernel tests, golden dumps and the ARM bench.
+(`MacKernel` on ARM, `IntGemmKernel` on x86): for kernel tests, golden dumps and the benches.
 
 The workload is the intrinsic's own description placed at offsets inside larger buffers, so
 the kernel sees real row strides and misaligned starts, then tensorized with the intrinsic.
@@ -14,8 +14,10 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from microkernels import GemmKernel
+from microkernels.int_gemm import IntGemmKernel
 
 from .f32_gemm import register
+from .int_gemm import register_int_gemm
 from .int_mac import register_mac
 
 
@@ -24,14 +26,14 @@ class TileLayout:
     """Buffer shapes around the tile: row strides, and where the tile starts in each operand.
 
     A is (a_row + MR, lda), the tile at (a_row, a_col). B is (b_row + K, ldb), the tile at
-    (b_row, b_col); for an sdot kernel, whose B is packed in groups of four k, it is
-    (b_row + K/4, ldb/4, 4), the tile at group b_row, column b_col (ldb, the group stride, a
-    multiple of 4). C is (c_row + MR + c_guard, ldc), the tile at (c_row, c_col).
+    (b_row, b_col); for a kernel whose B is packed in groups of G k (sdot and vpdpbusd: 4,
+    vpmaddwd: 2) it is (b_row + K/G, ldb/G, G), the tile at group b_row, column b_col (ldb, the
+    group stride, a multiple of G). C is (c_row + MR + c_guard, ldc), the tile at (c_row, c_col).
     """
 
     k: int
     lda: int  # >= a_col + K
-    ldb: int  # >= b_col + NR (sdot: 4 * (b_col + NR))
+    ldb: int  # >= b_col + NR (packed in groups of G: G * (b_col + NR))
     ldc: int  # >= c_col + NR
     a_row: int = 0
     a_col: int = 0
@@ -45,8 +47,9 @@ class TileLayout:
 
     def shapes(self, kern) -> tuple[tuple, tuple, tuple]:
         """(A, B, C) buffer shapes for `kern`."""
-        if packs_b(kern):
-            b = (self.b_row + self.k // 4, self.ldb // 4, 4)
+        g = b_group(kern)
+        if g > 1:
+            b = (self.b_row + self.k // g, self.ldb // g, g)
         else:
             b = (self.b_row + self.k, self.ldb)
         return (self.a_row + kern.mr, self.lda), b, (self.c_row + kern.mr + self.c_guard, self.ldc)
@@ -57,12 +60,23 @@ class TileLayout:
 
     @staticmethod
     def dense(kern, k: int) -> "TileLayout":
-        return TileLayout(k, k, kern.nr * (4 if packs_b(kern) else 1), kern.nr)
+        return TileLayout(k, k, kern.nr * b_group(kern), kern.nr)
 
 
-def packs_b(kern) -> bool:
-    """Whether `kern` takes B in groups of four k (sdot) rather than row by row."""
-    return getattr(kern, "op", None) == "dot"
+def b_group(kern) -> int:
+    """How many k `kern` takes B in groups of (B packed as (K/G, N, G)); 1: row by row."""
+    if isinstance(kern, IntGemmKernel):
+        return kern.group
+    return 4 if getattr(kern, "op", None) == "dot" else 1
+
+
+def operand_dtypes(kern) -> tuple[str, str, str]:
+    """(A, B, C) element types of `kern`'s tile."""
+    if isinstance(kern, GemmKernel):
+        return "float32", "float32", "float32"
+    if isinstance(kern, IntGemmKernel):
+        return kern.a_dtype, kern.b_dtype, "int32"
+    return kern.dtype, kern.dtype, "int32"
 
 
 def tile_function(kern, lay: TileLayout, zero_c: bool = False) -> tvm.IRModule:
@@ -73,24 +87,25 @@ def tile_function(kern, lay: TileLayout, zero_c: bool = False) -> tvm.IRModule:
     mr, nr, kk = kern.mr, kern.nr, lay.k
     ar, ac, br, bc, cr, cc = lay.a_row, lay.a_col, lay.b_row, lay.b_col, lay.c_row, lay.c_col
     a_shape, b_shape, c_shape = lay.shapes(kern)
-    dt, acc = ("float32", "float32") if f32 else (kern.dtype, "int32")
+    dt, bt, acc = operand_dtypes(kern)
+    grp = b_group(kern)
     in_kernel = f32 and not kern.accumulate
     init = zero_c or in_kernel
     # The description's product: the integer kernels widen both operands to int32 first.
     widen = (lambda x: x) if f32 else (lambda x: T.Cast("int32", x))  # noqa: E731
 
-    if packs_b(kern):
+    if grp > 1:
 
         @T.prim_func(s_tir=True)
-        def tile(A: T.Buffer(a_shape, dt), B: T.Buffer(b_shape, dt), C: T.Buffer(c_shape, acc)):
+        def tile(A: T.Buffer(a_shape, dt), B: T.Buffer(b_shape, bt), C: T.Buffer(c_shape, acc)):
             T.func_attr({"tirx.noalias": True})
-            for i, j, g, t in T.grid(mr, nr, kk // 4, 4):
+            for i, j, g, t in T.grid(mr, nr, kk // grp, grp):
                 with T.sblock("tile"):
                     vi, vj, vg, vt = T.axis.remap("SSRR", [i, j, g, t])
                     if init:
                         with T.init():
                             C[vi + cr, vj + cc] = T.int32(0)
-                    C[vi + cr, vj + cc] = C[vi + cr, vj + cc] + widen(A[vi + ar, vg * 4 + vt + ac]) * widen(
+                    C[vi + cr, vj + cc] = C[vi + cr, vj + cc] + widen(A[vi + ar, vg * grp + vt + ac]) * widen(
                         B[vg + br, vj + bc, vt])
 
     else:
@@ -111,12 +126,19 @@ def tile_function(kern, lay: TileLayout, zero_c: bool = False) -> tvm.IRModule:
     outer = sch.get_loops(block)[0]
     if init and not in_kernel:
         sch.decompose_reduction(block, outer)
-    sch.tensorize(outer, register(kern, kk) if f32 else register_mac(kern, kk))
+    sch.tensorize(outer, _register(kern, kk))
     return sch.mod
 
 
-def compile_tile(kern, lay: TileLayout):
-    return tvm.compile(tile_function(kern, lay), target=kern.isa.target)
+def _register(kern, k: int) -> str:
+    if isinstance(kern, GemmKernel):
+        return register(kern, k)
+    return register_int_gemm(kern, k) if isinstance(kern, IntGemmKernel) else register_mac(kern, k)
+
+
+def compile_tile(kern, lay: TileLayout, target: dict | None = None):
+    """The tile compiled for its ISA, or for `target` (an emulator's stand-in ISA)."""
+    return tvm.compile(tile_function(kern, lay), target=target or kern.isa.target)
 
 
 def tile_asm(kern: GemmKernel, k: int = 64) -> str:
@@ -129,3 +151,38 @@ def mac_tile_module(kern, k: int):
     mod = tile_function(kern, TileLayout.dense(kern, k), zero_c=True)
     # The symbol the golden dumps name.
     return tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")})
+
+
+def int_kernel_function(kern: IntGemmKernel, sizes: tuple, offsets: tuple, strides: tuple, k: int,
+                        batch: tuple | None = None, requant: tuple | None = None) -> tvm.IRModule:
+    """main(A, B, C[, Bias, Scale]) calling the x86 integer kernel `kern` once, without an
+    intrinsic: the only way to run the batch-reduce and requantizing variants alone (kernel tests,
+    dumps). A, B, C are flat buffers of `sizes` elements and the call's pointers start at
+    `offsets` into them; strides = (lda, ldb, ldc); batch = (n1, sa1, n2, sa2, n3, sa3) for a
+    batch-reduce kernel; requant = (zp, lo, hi) for a requantizing one (Bias and Scale: NR each)."""
+    if kern.batch_reduce != (batch is not None) or bool(kern.requant) != (requant is not None):
+        raise ValueError(f"{kern.name}: batch and requant arguments must match the kernel's variant")
+    ir, sym = kern.llvm_ir(), kern.name
+    (sa, sb, sc), (oa, ob, oc), nr = sizes, offsets, kern.nr
+    head = [*strides[:2], strides[2], k]
+    tail = list(batch or ())
+    at, bt, ct = kern.a_dtype, kern.b_dtype, kern.c_dtype
+    if requant is None:
+
+        @T.prim_func(s_tir=True)
+        def call(A: T.Buffer((sa,), at), B: T.Buffer((sb,), bt), C: T.Buffer((sc,), ct)):
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", sym, A.access_ptr("r", offset=oa), head[0], B.access_ptr("r", offset=ob),
+                                         head[1], C.access_ptr("rw", offset=oc), head[2], head[3], *tail))
+    else:
+        zp, lo, hi = requant
+
+        @T.prim_func(s_tir=True)
+        def call(A: T.Buffer((sa,), at), B: T.Buffer((sb,), bt), C: T.Buffer((sc,), ct), Bias: T.Buffer((nr,), "int32"),
+                 Scale: T.Buffer((nr,), "float32")):
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", sym, A.access_ptr("r", offset=oa), head[0], B.access_ptr("r", offset=ob),
+                                         head[1], C.access_ptr("w", offset=oc), head[2], head[3], *tail,
+                                         Bias.access_ptr("r"), Scale.access_ptr("r"), zp, lo, hi))
+
+    return tvm.IRModule({"main": call.with_attr("global_symbol", "main")})

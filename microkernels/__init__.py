@@ -6,7 +6,9 @@ This layer knows ISAs, registers and instructions, and nothing of TVM scheduling
 from .f32_fma_peak import FmaPeakKernel
 from .f32_gemm import (DEFAULT_TILES, MATMUL_TILES, NO_EPILOGUE, Epilogue, GemmKernel, TileError, check_tile,
                        default_kernel, matmul_kernels, max_tiles)
-from .isa import AARCH64, AARCH64_DOT, ARM_ISAS, AVX2, AVX512, ISAS, NEON, Isa, best_host_isa, host_cpu_flags
+from .int_gemm import IntGemmKernel, default_int_kernel
+from .isa import (AARCH64, AARCH64_DOT, ARM_ISAS, AVX2, AVX512, AVX512_VNNI, AVX_VNNI, ISAS, NEON, X86_INT_ISAS, Isa,
+                  best_host_isa, host_cpu_flags)
 
 __all__ = [
     "AARCH64",
@@ -15,6 +17,11 @@ __all__ = [
     "NEON",
     "AVX2",
     "AVX512",
+    "AVX512_VNNI",
+    "AVX_VNNI",
+    "X86_INT_ISAS",
+    "IntGemmKernel",
+    "default_int_kernel",
     "DEFAULT_TILES",
     "MATMUL_TILES",
     "Epilogue",

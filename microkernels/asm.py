@@ -200,6 +200,41 @@ def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int, prefetches: int = 0
     return problems
 
 
+def int_tile_loop_problems(lp: Loop, isa: Isa, op: str, mr: int, nv: int) -> list[str]:
+    """Why `lp` is not exactly an x86 integer tile's K step (microkernels.int_gemm; empty: it is).
+
+    Allowed: MR*NV vpdpbusd (op "u8s8"), or MR*NV vpmaddwd each with its vpaddd (op "s16"), on
+    the ISA's vector registers; NV vector loads (B); MR vpbroadcastd (A); bookkeeping on general
+    registers. Not allowed: any store, widening or other vector instruction, any stack access.
+    """
+    reg = {512: "%zmm", 256: "%ymm"}[isa.vector_bits]
+    body = [i.removeprefix("{vex} ") for i in lp.body]
+    mul = "vpdpbusd" if op == "u8s8" else "vpmaddwd"
+    muls = [i for i in body if i.split()[0] == mul]
+    adds = [i for i in body if i.split()[0] == "vpaddd"]
+    problems = []
+    if len(muls) != mr * nv:
+        problems.append(f"{len(muls)} {mul}, expected {mr * nv}")
+    if len(adds) != (mr * nv if op == "s16" else 0):
+        problems.append(f"{len(adds)} vpaddd, expected {mr * nv if op == 's16' else 0}")
+    if not all(i.count(reg) == 3 for i in muls + adds):
+        problems.append(f"multiplies not on {reg}")
+    if lp.stack_accesses():
+        problems.append(f"stack traffic: {lp.stack_accesses()}")
+    loads = [i for i in body if i.split()[0].startswith("vmovdq") and "(" in i.split(None, 1)[1].rpartition(",")[0]]
+    if len(loads) != nv:
+        problems.append(f"{len(loads)} vector loads, expected {nv} (B only)")
+    if sum(i.split()[0] == "vpbroadcastd" for i in body) != mr:
+        problems.append(f"{sum(i.split()[0] == 'vpbroadcastd' for i in body)} vpbroadcastd, expected {mr}")
+    known = set(muls + adds + loads)
+    other = [i for i in body if i not in known and i.split()[0] != "vpbroadcastd"
+             and (not i.split()[0].startswith(_BOOKKEEPING) or i.split()[0].startswith("vmov")
+                  or (i.split()[0].startswith("mov") and "(" in i.split(None, 1)[1].rpartition(",")[2]))]
+    if other:
+        problems.append(f"unexpected instructions: {other[:4]}")
+    return problems
+
+
 # The by-lane MAC forms of the integer NEON tiles, and what must never appear in their K loop:
 # widening (the schedule widens once, when it packs), stores, and scalar multiplies.
 _MAC_FORMS = {

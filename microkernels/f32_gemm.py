@@ -384,43 +384,10 @@ def _generate_batched(kern: GemmKernel) -> str:
         if kern.accumulate:
             out.append(f"  %c0_{i}_{j} = load {vt}, ptr %cp{i}_{j}, align 4")
         out.append(f"  store {vt} {init}, ptr %slot{i}_{j}, align 32")
-    # Three counted loops around the K loop; each header tests before its first trip, so any
-    # count <= 0 runs nothing and C keeps its initial value.
-    out += [
-        "  store i64 0, ptr %i1p", "  br label %h1",
-        "h1:", "  %i1 = load i64, ptr %i1p", "  %t1 = icmp slt i64 %i1, %n164", "  br i1 %t1, label %s1, label %done",
-        "s1:", "  store i64 0, ptr %i2p", "  br label %h2",
-        "h2:", "  %i2 = load i64, ptr %i2p", "  %t2 = icmp slt i64 %i2, %n264", "  br i1 %t2, label %s2, label %e1",
-        "s2:", "  store i64 0, ptr %i3p", "  br label %h3",
-        "h3:", "  %i3 = load i64, ptr %i3p", "  %t3 = icmp slt i64 %i3, %n364", "  br i1 %t3, label %s3, label %e2",
-        "s3:",
-        "  %o1 = mul i64 %i1, %sa164", "  %o2 = mul i64 %i2, %sa264", "  %o3 = mul i64 %i3, %sa364",
-        "  %o12 = add i64 %o1, %o2", "  %o123 = add i64 %o12, %o3",
-        "  %abase = getelementptr inbounds float, ptr %a, i64 %o123",
-        "  %bb = load ptr, ptr %bcur",
-    ]
-    for i in range(mr):
-        out.append(f"  %arow{i} = mul i64 {i}, %lda64")
-        out.append(f"  %ap{i} = getelementptr inbounds float, ptr %abase, i64 %arow{i}")
-    out += ["  store i64 0, ptr %kp", "  br label %hk",
-            "hk:", "  %kk = load i64, ptr %kp", "  %tk = icmp slt i64 %kk, %k64", "  br i1 %tk, label %sk, label %e3",
-            "sk:"]
-    for i, j in tiles:
-        out.append(f"  %acc{i}_{j} = load {vt}, ptr %slot{i}_{j}, align 32")
-    out += _k_step(kern, "%bb", "%ap", "%acc", "%nacc")
-    for i, j in tiles:
-        out.append(f"  store {vt} %nacc{i}_{j}, ptr %slot{i}_{j}, align 32")
-    out += [
-        "  %kn = add nsw i64 %kk, 1", "  store i64 %kn, ptr %kp",
-        # As in the plain tile: one K step per iteration, no unrolling.
-        "  br label %hk, !llvm.loop !0",
-        "e3:",
-        "  %bn = getelementptr inbounds float, ptr %bb, i64 %bstep", "  store ptr %bn, ptr %bcur",
-        "  %i3n = add nsw i64 %i3, 1", "  store i64 %i3n, ptr %i3p", "  br label %h3",
-        "e2:", "  %i2n = add nsw i64 %i2, 1", "  store i64 %i2n, ptr %i2p", "  br label %h2",
-        "e1:", "  %i1n = add nsw i64 %i1, 1", "  store i64 %i1n, ptr %i1p", "  br label %h1",
-        "done:",
-    ]
+    step = [f"  %acc{i}_{j} = load {vt}, ptr %slot{i}_{j}, align 32" for i, j in tiles]
+    step += _k_step(kern, "%bb", "%ap", "%acc", "%nacc")
+    step += [f"  store {vt} %nacc{i}_{j}, ptr %slot{i}_{j}, align 32" for i, j in tiles]
+    out += batch_loops("float", "float", mr, "%k64", step)
     for i, j in tiles:
         out.append(f"  %res{i}_{j} = load {vt}, ptr %slot{i}_{j}, align 32")
     out += _store(kern, lambda i, j: f"%res{i}_{j}", lambda i, j: f"%cp{i}_{j}")
@@ -434,3 +401,43 @@ def _generate_batched(kern: GemmKernel) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def batch_loops(a_elem: str, b_elem: str, mr: int, k_steps: str, step: list[str]) -> list[str]:
+    """The batch-reduce kernels' loop nest (this family's and microkernels.int_gemm's): three
+    counted loops over the batch around a K loop of `k_steps` iterations running `step` (which
+    reads A rows at %ap<i>, B at %bb, the K index %kk). Expects %n164..%sa364, %lda64, %bstep and
+    the allocas %i1p %i2p %i3p %kp %bcur; ends at label %done. Each header tests before its
+    first trip, so any count <= 0 runs nothing and the tile keeps its initial value."""
+    out = [
+        "  store i64 0, ptr %i1p", "  br label %h1",
+        "h1:", "  %i1 = load i64, ptr %i1p", "  %t1 = icmp slt i64 %i1, %n164", "  br i1 %t1, label %s1, label %done",
+        "s1:", "  store i64 0, ptr %i2p", "  br label %h2",
+        "h2:", "  %i2 = load i64, ptr %i2p", "  %t2 = icmp slt i64 %i2, %n264", "  br i1 %t2, label %s2, label %e1",
+        "s2:", "  store i64 0, ptr %i3p", "  br label %h3",
+        "h3:", "  %i3 = load i64, ptr %i3p", "  %t3 = icmp slt i64 %i3, %n364", "  br i1 %t3, label %s3, label %e2",
+        "s3:",
+        "  %o1 = mul i64 %i1, %sa164", "  %o2 = mul i64 %i2, %sa264", "  %o3 = mul i64 %i3, %sa364",
+        "  %o12 = add i64 %o1, %o2", "  %o123 = add i64 %o12, %o3",
+        f"  %abase = getelementptr inbounds {a_elem}, ptr %a, i64 %o123",
+        "  %bb = load ptr, ptr %bcur",
+    ]
+    for i in range(mr):
+        out.append(f"  %arow{i} = mul i64 {i}, %lda64")
+        out.append(f"  %ap{i} = getelementptr inbounds {a_elem}, ptr %abase, i64 %arow{i}")
+    out += ["  store i64 0, ptr %kp", "  br label %hk",
+            "hk:", "  %kk = load i64, ptr %kp", f"  %tk = icmp slt i64 %kk, {k_steps}", "  br i1 %tk, label %sk, label %e3",
+            "sk:"]
+    out += step
+    return out + [
+        "  %kn = add nsw i64 %kk, 1", "  store i64 %kn, ptr %kp",
+        # One K step per iteration, no unrolling: the step is MR x NR/lanes multiplies already,
+        # and a loop that is exactly one step states the tile in its instruction counts.
+        "  br label %hk, !llvm.loop !0",
+        "e3:",
+        f"  %bn = getelementptr inbounds {b_elem}, ptr %bb, i64 %bstep", "  store ptr %bn, ptr %bcur",
+        "  %i3n = add nsw i64 %i3, 1", "  store i64 %i3n, ptr %i3p", "  br label %h3",
+        "e2:", "  %i2n = add nsw i64 %i2, 1", "  store i64 %i2n, ptr %i2p", "  br label %h2",
+        "e1:", "  %i1n = add nsw i64 %i1, 1", "  store i64 %i1n, ptr %i1p", "  br label %h1",
+        "done:",
+    ]

@@ -69,6 +69,30 @@ AVX2 = Isa(
     embedded_broadcast=False,
 )
 
+# The x86 integer kernels' dot-product ISAs. skylake-avx512 plus the one feature, rather than an
+# Ice Lake mcpu, so the compiler uses nothing else a Tiger Lake model (Bochs) or a Zen 4 lacks.
+AVX512_VNNI = Isa(
+    name="avx512vnni",
+    lanes=16,
+    vector_registers=32,
+    vector_bits=512,
+    llvm_target=(("kind", "llvm"), ("mcpu", "skylake-avx512"), ("mattr", ("+avx512vnni",))),
+    host_flags=("avx512f", "avx512bw", "avx512_vnni"),
+    embedded_broadcast=True,
+)
+
+# AVX-VNNI: the same vpdpbusd, VEX-encoded on ymm, for hosts with it but no AVX-512 (Alder Lake
+# and later client cores; Zen 5 has both).
+AVX_VNNI = Isa(
+    name="avxvnni",
+    lanes=8,
+    vector_registers=16,
+    vector_bits=256,
+    llvm_target=(("kind", "llvm"), ("mcpu", "haswell"), ("mattr", ("+avxvnni",))),
+    host_flags=("avx2", "avx_vnni"),
+    embedded_broadcast=False,
+)
+
 # ARM NEON, for the integer kernels. These never run natively here: an x86 host has no "neon"
 # flag, so require_host refuses them and the schedules run them under qemu-user instead.
 # cortex-a53 is the Raspberry Pi 3 class core; without the hard-float ABI a 32-bit object does
@@ -116,6 +140,10 @@ AARCH64_DOT = Isa(
 # The FP32 kernels' ISAs, and the integer kernels' ones: each family iterates its own.
 ISAS = {isa.name: isa for isa in (AVX512, AVX2)}
 ARM_ISAS = {isa.name: isa for isa in (NEON, AARCH64, AARCH64_DOT)}
+# The x86 integer GEMM's ISAs (microkernels.int_gemm): vpdpbusd where there is VNNI, vpmaddwd on
+# int16 where there is not (AVX-512 here means AVX-512BW, which every AVX-512 core since
+# Skylake-SP has).
+X86_INT_ISAS = {isa.name: isa for isa in (AVX512_VNNI, AVX_VNNI, AVX512, AVX2)}
 
 
 @functools.lru_cache(maxsize=1)

@@ -7,6 +7,7 @@ from intrinsics import golden
 from microkernels import asm
 from intrinsics.f32_dwconv import DwRow
 from microkernels.f32_wino import WinoKernel
+from microkernels.int_gemm import IntGemmKernel
 from microkernels.int_mac import MacKernel
 
 from .. import golden_dumps
@@ -41,6 +42,13 @@ def test_k_loop_is_the_tile_and_nothing_else(compiled_tile):
         loops = asm.mac_loops(fn, kern.isa.arch)
         assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
         problems = asm.mac_loop_problems(loops[0], kern.isa.name, kern.instructions_per_step)
+        assert not problems, f"{kern.name}: {problems}\n" + "\n".join(loops[0].body)
+        return
+    if isinstance(kern, IntGemmKernel):
+        # x86 integer: MR*NR/lanes vpdpbusd (or vpmaddwd + vpaddd), B loads, A vpbroadcastd.
+        loops = [lp for lp in asm.single_block_loops(fn) if any(m in i for i in lp.body for m in ("vpdpbusd", "vpmaddwd"))]
+        assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
+        problems = asm.int_tile_loop_problems(loops[0], kern.isa, kern.op, kern.mr, kern.vectors_per_row)
         assert not problems, f"{kern.name}: {problems}\n" + "\n".join(loops[0].body)
         return
     loops = asm.fma_loops(fn)

@@ -9,11 +9,12 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from intrinsics.tile_module import TileLayout, compile_tile, packs_b
+from intrinsics.tile_module import TileLayout, b_group, compile_tile
 from microkernels import Isa
 from schedules.emulation import qemu as emulate
 
 from ..arm_tools import require_emulator
+from ..x86_exec import compile_target
 from ..x86_exec import execute as execute_x86
 
 
@@ -40,9 +41,10 @@ def layouts(draw, kern, k):
     pad = st.integers(0, 9)
     a_row, a_col, b_row, c_row, c_col = (draw(st.integers(0, 2)), draw(pad), draw(st.integers(0, 2)),
                                          draw(st.integers(0, 3)), draw(pad))
-    if packs_b(kern):
-        b_col = draw(st.integers(0, 3))  # in columns of 4 bytes: B's tile starts at 4*b_col + groups
-        ldb = 4 * (kern.nr + b_col + draw(st.integers(0, 3)))
+    g = b_group(kern)
+    if g > 1:
+        b_col = draw(st.integers(0, 3))  # in columns of G values: B's tile starts at G*b_col + groups
+        ldb = g * (kern.nr + b_col + draw(st.integers(0, 3)))
     else:
         b_col = draw(pad)
         ldb = kern.nr + b_col + draw(pad)
@@ -68,7 +70,7 @@ class TileTester:
         return self.layout.shapes(self.kern)
 
     def compile(self):
-        return compile_tile(self.kern, self.layout)
+        return compile_tile(self.kern, self.layout, compile_target(self.kern.isa) if self.kern.isa.arch == "x86" else None)
 
     def run(self, a, b, c) -> np.ndarray:
         """C after one call of the tile on these operands (the arrays themselves are not written)."""
@@ -76,12 +78,13 @@ class TileTester:
         return got
 
     def operand_tiles(self, a, b) -> tuple[np.ndarray, np.ndarray]:
-        """The tile's A (MR x K) and B (K x NR), B unpacked from sdot's groups of four k."""
+        """The tile's A (MR x K) and B (K x NR), B unpacked from its groups of G k."""
         lay, mr, nr, k = self.layout, self.kern.mr, self.kern.nr, self.layout.k
         a_t = a[lay.a_row:lay.a_row + mr, lay.a_col:lay.a_col + k]
-        if packs_b(self.kern):
-            # B[g, j, t] is column j at k = 4g + t.
-            b_t = b[lay.b_row:lay.b_row + k // 4, lay.b_col:lay.b_col + nr, :].transpose(0, 2, 1).reshape(k, nr)
+        g = b_group(self.kern)
+        if g > 1:
+            # B[q, j, t] is column j at k = G*q + t.
+            b_t = b[lay.b_row:lay.b_row + k // g, lay.b_col:lay.b_col + nr, :].transpose(0, 2, 1).reshape(k, nr)
         else:
             b_t = b[lay.b_row:lay.b_row + k, lay.b_col:lay.b_col + nr]
         return a_t, b_t

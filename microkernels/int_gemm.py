@@ -1,0 +1,306 @@
+"""Integer GEMM tiles on x86: C[MR, NR] (+)= A[MR, K] @ B[K, NR] with int32 accumulators.
+
+One parametric generator, two instructions, chosen by the ISA:
+- u8s8 dot, `vpdpbusd` (AVX-512 VNNI on zmm, AVX-VNNI on ymm): uint8 A times int8 B, four
+  products summed into each int32 lane per instruction, 64 MACs per zmm instruction. The
+  products are at most 255 * 128 in magnitude and the instruction adds them in 32 bits without
+  saturating (that is vpdpbusds), so the sums are exact while the int32 accumulator does not wrap.
+- s16 madd, `vpmaddwd` + `vpaddd` (AVX-512BW, AVX2): the twin of the ARM path's upcast for hosts
+  without VNNI. A and B are int16 (8-bit data widened, zero points subtracted, once by the
+  packing); each instruction sums two products into an int32 lane. Unlike vpmaddubsw, whose
+  16-bit pair sums saturate, a pair of products of 8-bit values (at most 2 * 255 * 255) always
+  fits, so this is exact under the same accumulator bound.
+
+B is packed in groups of `group` k (4 for dot, 2 for madd): group g of column j, the values
+k = group*g .. group*g + group-1, sits at b + g*ldb + group*j, which is the order the instruction
+multiplies in. A is row-major (A[i, k] at a + i*lda + k); each K step broadcasts one group of a
+row (4 bytes, vpbroadcastd) and loads NR/lanes vectors of B, then MR * NR/lanes instructions
+update the accumulators, which stay in registers for the whole reduction. Strides are in
+elements of the operand's own type.
+
+Signature of every generated kernel (k a multiple of the group):
+    void mk_u8s8_gemm_<MR>x<NR>_<isa>[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k)
+    void mk_s16_gemm_<MR>x<NR>_<isa>[_beta0](...same...)
+The batch-reduce variant (brgemm) sums n1*n2*n3 products into one tile, A at
+a + i1*sa1 + i2*sa2 + i3*sa3 and the B panels one after another (each k/group*ldb long), exactly
+as the FP32 brgemm does for a direct convolution:
+    void mk_u8s8_brgemm_<MR>x<NR>_<isa>[...](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k,
+        i32 n1, i32 sa1, i32 n2, i32 sa2, i32 n3, i32 sa3)
+
+The requantizing variant (suffix _q<dtype>: _qu8, _qs8, _qf32) starts from zero and stores, instead
+of the int32 accumulators, C = q(acc + bias[j]) in <dtype> (ldc in its elements), where for 8-bit
+    q(v) = clamp(roundeven(float32(v) * scale[j]) + zp, lo, hi)
+(float32 arithmetic, round half to even: ONNX QuantizeLinear's rule; lo/hi within the dtype's range
+are the saturation bounds, and raising lo to zp is a fused ReLU), and for float32 (dequantize, the
+last layer) q(v) = float32(v) * scale[j]. Its arguments follow the kernel's own:
+    ptr bias (NR int32), ptr scale (NR float), i32 zp, i32 lo, i32 hi
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .f32_gemm import TileError, batch_loops
+from .isa import AVX2, AVX512, AVX512_VNNI, AVX_VNNI, X86_INT_ISAS, Isa, normalize_ints
+
+# ISA name -> (operation, A dtype, B dtype, k per group): what each ISA multiplies with.
+_OPS = {
+    AVX512_VNNI.name: ("u8s8", "uint8", "int8", 4),
+    AVX_VNNI.name: ("u8s8", "uint8", "int8", 4),
+    AVX512.name: ("s16", "int16", "int16", 2),
+    AVX2.name: ("s16", "int16", "int16", 2),
+}
+OUT_DTYPES = ("uint8", "int8", "float32")
+_OUT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+_OUT_SUFFIX = {"uint8": "qu8", "int8": "qs8", "float32": "qf32"}
+
+
+def out_range(dtype: str) -> tuple[int, int]:
+    """The saturation range of an 8-bit requantized output."""
+    return _OUT_RANGE[dtype]
+
+
+@dataclass(frozen=True)
+class IntGemmKernel:
+    isa: Isa
+    mr: int
+    nr: int
+    accumulate: bool = True  # False: beta=0, the tile starts from zero
+    batch_reduce: bool = False
+    requant: str | None = None  # None (store int32), or the requantized output's dtype
+
+    def __post_init__(self):
+        if self.isa.name not in _OPS:
+            raise TileError(f"no x86 integer GEMM kernel for {self.isa.name}; expected one of {sorted(_OPS)}")
+        normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
+        if self.requant is not None and self.requant not in OUT_DTYPES:
+            raise TileError(f"requant must be None or one of {OUT_DTYPES}, got {self.requant!r}")
+        if self.requant is not None and self.accumulate:
+            # The requantized store discards the int32 tile, so there is nothing to accumulate into.
+            object.__setattr__(self, "accumulate", False)
+        check_tile(self.isa, self.mr, self.nr)
+
+    @property
+    def op(self) -> str:
+        """"u8s8" (vpdpbusd) or "s16" (vpmaddwd)."""
+        return _OPS[self.isa.name][0]
+
+    @property
+    def a_dtype(self) -> str:
+        return _OPS[self.isa.name][1]
+
+    @property
+    def b_dtype(self) -> str:
+        return _OPS[self.isa.name][2]
+
+    @property
+    def group(self) -> int:
+        """K values per group of packed B, and per K step; K must be a multiple of it."""
+        return _OPS[self.isa.name][3]
+
+    @property
+    def c_dtype(self) -> str:
+        return self.requant or "int32"
+
+    @property
+    def vectors_per_row(self) -> int:
+        return self.nr // self.isa.lanes
+
+    @property
+    def instructions_per_step(self) -> int:
+        """Multiply instructions (vpdpbusd or vpmaddwd) per K step of `group` values."""
+        return self.mr * self.vectors_per_row
+
+    @property
+    def macs_per_instruction(self) -> int:
+        return self.isa.lanes * self.group
+
+    @property
+    def name(self) -> str:
+        op = "brgemm" if self.batch_reduce else "gemm"
+        suffix = "" if self.accumulate else "_beta0"
+        if self.requant:
+            suffix = f"_{_OUT_SUFFIX[self.requant]}"
+        return f"mk_{self.op}_{op}_{self.mr}x{self.nr}_{self.isa.name}{suffix}"
+
+    def llvm_ir(self) -> str:
+        return _generate(self)
+
+
+def registers_needed(isa: Isa, mr: int, nr: int) -> int:
+    """Vector registers the K loop holds: MR * NR/lanes accumulators, a row of B, one broadcast,
+    and for vpmaddwd the product on its way to the vpaddd."""
+    nv = nr // isa.lanes
+    return mr * nv + nv + 1 + (_OPS[isa.name][0] == "s16")
+
+
+def check_tile(isa: Isa, mr: int, nr: int) -> None:
+    if nr % isa.lanes:
+        raise TileError(f"NR={nr} must be a multiple of {isa.lanes} (int32 lanes of {isa.name})")
+    need = registers_needed(isa, mr, nr)
+    if need > isa.vector_registers:
+        raise TileError(f"a {mr}x{nr} tile needs {need} vector registers (MR*NR/{isa.lanes} accumulators, "
+                        f"a row of B, a broadcast, a vpmaddwd product) but {isa.name} has {isa.vector_registers}")
+
+
+def max_tiles(isa: Isa, nr_limit: int = 64) -> list[tuple[int, int]]:
+    """Every (MR, NR) with MR >= 2 whose K loop fits the register file, NR up to nr_limit."""
+    return [(mr, nr) for nr in range(isa.lanes, nr_limit + 1, isa.lanes) for mr in range(2, 32)
+            if registers_needed(isa, mr, nr) <= isa.vector_registers]
+
+
+# Four zmm of B per row and 6 rows of A: 24 accumulators, the shape of the FP32 tile (whose
+# reasons, the B row's loads amortized over 6 broadcasts, are the same); on ymm, 6 rows x 2.
+DEFAULT_TILES = {AVX512_VNNI.name: (6, 64), AVX_VNNI.name: (6, 16), AVX512.name: (6, 64), AVX2.name: (6, 16)}
+
+
+def default_int_kernel(isa_name: str, **variant) -> IntGemmKernel:
+    mr, nr = DEFAULT_TILES[isa_name]
+    return IntGemmKernel(X86_INT_ISAS[isa_name], mr, nr, **variant)
+
+
+def _vec(kern: IntGemmKernel, elem: str) -> str:
+    """The vector type of one register of `elem`: i32 lanes, or the bytes / words they hold."""
+    lanes = kern.isa.lanes
+    return {"i32": f"<{lanes} x i32>", "i8": f"<{4 * lanes} x i8>", "i16": f"<{2 * lanes} x i16>",
+            "float": f"<{lanes} x float>"}[elem]
+
+
+def _multiply(kern: IntGemmKernel) -> tuple[str, str]:
+    """(declaration, operand element) of the instruction a K step issues."""
+    bits, vi = kern.isa.vector_bits, _vec(kern, "i32")
+    if kern.op == "u8s8":
+        vb = _vec(kern, "i8")
+        return f"declare {vi} @llvm.x86.avx512.vpdpbusd.{bits}({vi}, {vb}, {vb})", "i8"
+    vw = _vec(kern, "i16")
+    name = "llvm.x86.avx512.pmaddw.d.512" if bits == 512 else "llvm.x86.avx2.pmadd.wd"
+    return f"declare {vi} @{name}({vw}, {vw})", "i16"
+
+
+def _k_step(kern: IntGemmKernel, acc: str, nacc: str) -> list[str]:
+    """One K step at group %kk: broadcast each A row's group, load B's group row, multiply-add."""
+    vi, lanes, nv, g = _vec(kern, "i32"), kern.isa.lanes, kern.vectors_per_row, kern.group
+    decl, elem = _multiply(kern)
+    vo = _vec(kern, elem)
+    callee = decl.split("@")[1].split("(")[0]
+    out = ["  %ka = mul i64 %kk, " + str(g), "  %kb = mul i64 %kk, %ldb64"]
+    for j in range(nv):
+        out.append(f"  %bo{j} = add i64 %kb, {j * lanes * g}")
+        out.append(f"  %bp{j} = getelementptr inbounds {elem}, ptr %bb, i64 %bo{j}")
+        out.append(f"  %bv{j} = load {vo}, ptr %bp{j}, align 1")
+    for i in range(kern.mr):
+        out.append(f"  %aq{i} = getelementptr inbounds {elem}, ptr %ap{i}, i64 %ka")
+        out.append(f"  %aw{i} = load i32, ptr %aq{i}, align 1")
+        out.append(f"  %ai{i} = insertelement {vi} poison, i32 %aw{i}, i64 0")
+        out.append(f"  %as{i} = shufflevector {vi} %ai{i}, {vi} poison, <{lanes} x i32> zeroinitializer")
+        out.append(f"  %ab{i} = bitcast {vi} %as{i} to {vo}")
+        for j in range(nv):
+            if kern.op == "u8s8":  # vpdpbusd(acc, unsigned bytes, signed bytes)
+                out.append(f"  {nacc}{i}_{j} = call {vi} @{callee}({vi} {acc}{i}_{j}, {vo} %ab{i}, {vo} %bv{j})")
+            else:
+                out.append(f"  %pr{i}_{j} = call {vi} @{callee}({vo} %ab{i}, {vo} %bv{j})")
+                out.append(f"  {nacc}{i}_{j} = add {vi} {acc}{i}_{j}, %pr{i}_{j}")
+    return out
+
+
+def _requant_params(kern: IntGemmKernel) -> str:
+    return ", ptr noalias %bias, ptr noalias %scale, i32 %zp, i32 %lo, i32 %hi" if kern.requant else ""
+
+
+def _store(kern: IntGemmKernel, value) -> list[str]:
+    """The tile's one store: the int32 accumulators, or their requantized values."""
+    vi, vf, lanes, nv = _vec(kern, "i32"), _vec(kern, "float"), kern.isa.lanes, kern.vectors_per_row
+    q = kern.requant
+    out = []
+    if q:
+        for j in range(nv):
+            out.append(f"  %biasp{j} = getelementptr inbounds i32, ptr %bias, i64 {j * lanes}")
+            out.append(f"  %biasv{j} = load {vi}, ptr %biasp{j}, align 4")
+            out.append(f"  %scp{j} = getelementptr inbounds float, ptr %scale, i64 {j * lanes}")
+            out.append(f"  %scv{j} = load {vf}, ptr %scp{j}, align 4")
+    if q in _OUT_RANGE:
+        # Clamping the rounded value to [lo - zp, hi - zp] before converting it keeps fptosi in
+        # range, and gives what clamping after adding zp would.
+        for v, expr in (("zpv", "%zp"), ("lof", "%lomz"), ("hif", "%himz")):
+            if v != "zpv":
+                src = "%lo" if v == "lof" else "%hi"
+                out.append(f"  {expr}i = sub i32 {src}, %zp")
+                out.append(f"  {expr} = sitofp i32 {expr}i to float")
+                ty, e = "float", expr
+            else:
+                ty, e = "i32", expr
+            vt = vf if ty == "float" else vi
+            out.append(f"  %{v}i = insertelement {vt} poison, {ty} {e}, i64 0")
+            out.append(f"  %{v} = shufflevector {vt} %{v}i, {vt} poison, <{lanes} x i32> zeroinitializer")
+    ct = {"uint8": "i8", "int8": "i8", "float32": "float", None: "i32"}[q]
+    for i in range(kern.mr):
+        out.append(f"  %crow{i} = mul i64 {i}, %ldc64")
+        for j in range(nv):
+            x = value(i, j)
+            out.append(f"  %co{i}_{j} = add i64 %crow{i}, {j * lanes}")
+            out.append(f"  %cp{i}_{j} = getelementptr inbounds {ct}, ptr %c, i64 %co{i}_{j}")
+            if not q:
+                out.append(f"  store {vi} {x}, ptr %cp{i}_{j}, align 4")
+                continue
+            t = f"{i}_{j}"
+            out.append(f"  %qb{t} = add {vi} {x}, %biasv{j}")
+            out.append(f"  %qf{t} = sitofp {vi} %qb{t} to {vf}")
+            out.append(f"  %qs{t} = fmul {vf} %qf{t}, %scv{j}")
+            if q == "float32":
+                out.append(f"  store {vf} %qs{t}, ptr %cp{i}_{j}, align 4")
+                continue
+            out.append(f"  %qr{t} = call {vf} @llvm.roundeven.v{lanes}f32({vf} %qs{t})")
+            out.append(f"  %ql{t} = call {vf} @llvm.maxnum.v{lanes}f32({vf} %qr{t}, {vf} %lof)")
+            out.append(f"  %qh{t} = call {vf} @llvm.minnum.v{lanes}f32({vf} %ql{t}, {vf} %hif)")
+            out.append(f"  %qi{t} = fptosi {vf} %qh{t} to {vi}")
+            out.append(f"  %qz{t} = add {vi} %qi{t}, %zpv")
+            out.append(f"  %qt{t} = trunc {vi} %qz{t} to <{lanes} x i8>")
+            out.append(f"  store <{lanes} x i8> %qt{t}, ptr %cp{i}_{j}, align 1")
+    return out
+
+
+def _generate(kern: IntGemmKernel) -> str:
+    """Accumulators and loop counters live in allocas, which LLVM's SROA turns back into
+    registers (as in the FP32 brgemm); the plain tile is the batch of one."""
+    mr, nv, vi, lanes = kern.mr, kern.vectors_per_row, _vec(kern, "i32"), kern.isa.lanes
+    decl, elem = _multiply(kern)
+    a_elem = "i16" if kern.op == "s16" else "i8"
+    tiles = [(i, j) for i in range(mr) for j in range(nv)]
+    batch = ", i32 %n1, i32 %sa1, i32 %n2, i32 %sa2, i32 %n3, i32 %sa3" if kern.batch_reduce else ""
+    out = [
+        f"define internal void @{kern.name}(ptr noalias %a, i32 %lda, ptr noalias %b, i32 %ldb,"
+        f" ptr noalias %c, i32 %ldc, i32 %k{batch}{_requant_params(kern)}) alwaysinline {{",
+        "entry:",
+    ]
+    counts = ("n1", "sa1", "n2", "sa2", "n3", "sa3") if kern.batch_reduce else ()
+    for v in ("lda", "ldb", "ldc", "k", *counts):
+        out.append(f"  %{v}64 = sext i32 %{v} to i64")
+    if not kern.batch_reduce:
+        out += ["  %n164 = add i64 0, 1", "  %n264 = add i64 0, 1", "  %n364 = add i64 0, 1",
+                "  %sa164 = add i64 0, 0", "  %sa264 = add i64 0, 0", "  %sa364 = add i64 0, 0"]
+    out.append(f"  %kg = sdiv i64 %k64, {kern.group}")
+    for i, j in tiles:
+        out.append(f"  %slot{i}_{j} = alloca {vi}, align 64")
+    out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
+    out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %kg, %ldb64"]
+    for i, j in tiles:
+        if kern.accumulate:
+            out.append(f"  %cro{i}_{j} = mul i64 {i}, %ldc64")
+            out.append(f"  %cof{i}_{j} = add i64 %cro{i}_{j}, {j * lanes}")
+            out.append(f"  %cin{i}_{j} = getelementptr inbounds i32, ptr %c, i64 %cof{i}_{j}")
+            out.append(f"  %c0_{i}_{j} = load {vi}, ptr %cin{i}_{j}, align 4")
+        out.append(f"  store {vi} {f'%c0_{i}_{j}' if kern.accumulate else 'zeroinitializer'}, ptr %slot{i}_{j}, align 64")
+    step = [f"  %acc{i}_{j} = load {vi}, ptr %slot{i}_{j}, align 64" for i, j in tiles]
+    step += _k_step(kern, "%acc", "%nacc")
+    step += [f"  store {vi} %nacc{i}_{j}, ptr %slot{i}_{j}, align 64" for i, j in tiles]
+    out += batch_loops(a_elem, elem, mr, "%kg", step)
+    for i, j in tiles:
+        out.append(f"  %res{i}_{j} = load {vi}, ptr %slot{i}_{j}, align 64")
+    out += _store(kern, lambda i, j: f"%res{i}_{j}")
+    out += ["  ret void", "}", decl]
+    if kern.requant in _OUT_RANGE:
+        vf = _vec(kern, "float")
+        out += [f"declare {vf} @llvm.{f}.v{lanes}f32({vf}{f', {vf}' if f != 'roundeven' else ''})"
+                for f in ("roundeven", "maxnum", "minnum")]
+    out += ["!0 = distinct !{!0, !1}", '!1 = !{!"llvm.loop.unroll.disable"}', ""]
+    return "\n".join(out)

@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--exhaustive", action="store_true",
                    help="also time every matmul tile forced on each size, and print how far the chosen one is from "
                         "the fastest")
+    g.add_argument("--int8", action="store_true",
+                   help="the integer tiles instead: per integer ISA the host runs, the measured vpdpbusd (or vpmaddwd) "
+                        "peak and the L1-resident tile rate (with --sweep, every budget tile)")
     g.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     g.add_argument("--plot", metavar="FILE.png", help="also draw the matmuls on a roofline and ours/numpy (the plot extra)")
     c = bsub.add_parser("conv2d", help="ResNet-50 conv layers vs PyTorch (oneDNN)")
@@ -222,6 +225,13 @@ def main(argv=None) -> int:
         log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")
         result = conv2d.run(isa, layers, threads, args.repeat, args.cache, peak1, log, args.algorithms, args.path,
                             args.exhaustive)
+    elif args.int8:
+        from microkernels import X86_INT_ISAS
+
+        runs = [i for i in X86_INT_ISAS.values() if i.host_supports()]
+        log(f"integer ISAs this host runs: {', '.join(i.name for i in runs)}"
+            f" (not: {', '.join(i.name for i in X86_INT_ISAS.values() if i not in runs) or 'none'})")
+        result = gemm.run_int(runs, log, args.sweep)
     else:
         result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log, args.breakdown,
                           args.exhaustive)

@@ -11,7 +11,9 @@ from tvm.script import tirx as T
 
 import intrinsics
 import schedules
-from microkernels import MATMUL_TILES, FmaPeakKernel, GemmKernel, Isa, max_tiles
+from microkernels import MATMUL_TILES, FmaPeakKernel, GemmKernel, IntGemmKernel, Isa, best_host_isa, default_int_kernel, max_tiles
+from microkernels.int_dot_peak import DotPeakKernel
+from microkernels.int_gemm import max_tiles as int_max_tiles
 from schedules.common.targets import require_host, set_threads
 
 from schedules.common.timing import seconds_per_call, settle
@@ -177,3 +179,75 @@ def _every_tile(isa: Isa, size: tuple, threads: int, a, b, number: int, repeat: 
             settle(threads, 0.2)
             got[t] = min(got.get(t, float("inf")), statistics.median(op.time(a, b, number=number, repeat=repeat)))
     return got
+
+
+def measure_int_peak(isa: Isa, iters: int = 200_000, repeat: int = 5) -> float:
+    """Integer GOP/s (multiply + add per MAC) of independent chains of `isa`'s integer tile
+    instruction (vpdpbusd, or vpmaddwd + vpaddd) on one thread: the integer tiles' peak,
+    measured as measure_peak measures the FP32 one."""
+    kern = DotPeakKernel(isa)
+    lib = compile_int_peak(kern, iters)
+    buf = tvm.runtime.tensor(np.full(kern.io_words, 3, np.int32))
+    ev = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)
+    best = min(statistics.median(ev(buf).results) for _ in range(ROUNDS))
+    return kern.ops(iters) / best / 1e9
+
+
+def compile_int_peak(kern: DotPeakKernel, iters: int, target: dict | None = None):
+    """The probe module: main(io) runs the kernel for `iters` iterations on io (int32 words)."""
+    n, sym, ir = kern.io_words, kern.name, kern.llvm_ir()
+
+    @T.prim_func(s_tir=True)
+    def probe(io: T.Buffer((n,), "int32")):
+        with T.attr(0, "pragma_import_llvm", ir):
+            T.evaluate(T.call_extern("void", sym, io.access_ptr("rw"), iters))
+
+    return tvm.compile(tvm.IRModule({"main": probe}), target=target or kern.isa.target)
+
+
+def int_tile_gops(kern: IntGemmKernel, kc: int = 512, calls: int = 2000, repeat: int = 5) -> float:
+    """Integer GOP/s of the tile kernel alone, called `calls` times on L1-resident A and B panels
+    (kc values of K: MR*kc + kc*NR bytes, 35 KiB for the 6x64 VNNI tile)."""
+    mr, nr, g, sym, ir = kern.mr, kern.nr, kern.group, kern.name, kern.llvm_ir()
+    at, bt = kern.a_dtype, kern.b_dtype
+
+    @T.prim_func(s_tir=True)
+    def loop(A: T.Buffer((mr * kc,), at), B: T.Buffer((kc * nr,), bt), C: T.Buffer((mr * nr,), "int32")):
+        for _r in range(calls):
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", sym, A.access_ptr("r"), kc, B.access_ptr("r"), g * nr,
+                                         C.access_ptr("rw"), nr, kc))
+
+    lib = tvm.compile(tvm.IRModule({"main": loop}), target=kern.isa.target)
+    args = [tvm.runtime.tensor(np.ones(n, dt)) for n, dt in ((mr * kc, at), (kc * nr, bt), (mr * nr, "int32"))]
+    res = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(*args).results
+    return 2 * mr * nr * kc * calls / statistics.median(res) / 1e9
+
+
+def run_int(isas, log, sweep: bool = False) -> dict:
+    """`bench gemm --int8`: per integer ISA this host runs, the measured peak of its instruction,
+    then the L1-resident rate of the default tile (and with `sweep` every budget tile) as a share of
+    that peak and as a multiple of the FP32 peak."""
+    set_threads(1)
+    out = {"fp32_peak_gflops": None, "isas": []}
+    f32 = best_host_isa()
+    out["fp32_peak_gflops"] = fp32 = measure_peak(f32)
+    log(f"FP32 FMA peak ({f32.name}), 1 thread: {fp32:.1f} GFLOP/s")
+    for isa in isas:
+        peak = measure_int_peak(isa)
+        kern = DotPeakKernel(isa)
+        log(f"ISA {isa.name}: measured {'vpdpbusd' if kern.op == 'u8s8' else 'vpmaddwd+vpaddd'} peak, 1 thread: "
+            f"{peak:.1f} GOP/s ({peak / fp32:.2f}x the FP32 peak)")
+        rows = []
+        tiles = [(default_int_kernel(isa.name).mr, default_int_kernel(isa.name).nr)]
+        if sweep:
+            tiles += [t for t in int_max_tiles(isa) if t not in tiles]
+        for mr, nr in tiles:
+            k = IntGemmKernel(isa, mr, nr)
+            g = int_tile_gops(k)
+            mark = "  (default)" if (mr, nr) == tiles[0] else ""
+            log(f"  tile {k.name:30s} L1-resident: {g:7.1f} GOP/s  {100 * g / peak:5.1f}% of peak  "
+                f"{g / fp32:4.2f}x FP32 peak{mark}")
+            rows.append({"kernel": k.name, "gops": g, "pct_peak": 100 * g / peak})
+        out["isas"].append({"isa": isa.name, "peak_gops": peak, "tiles": rows})
+    return out

@@ -44,7 +44,7 @@ from .f32_gemm import TileError, batch_loops
 from .isa import AVX2, AVX512, AVX512_VNNI, AVX_VNNI, X86_INT_ISAS, Isa, normalize_ints
 
 # ISA name -> (operation, A dtype, B dtype, k per group): what each ISA multiplies with.
-_OPS = {
+OPS = {
     AVX512_VNNI.name: ("u8s8", "uint8", "int8", 4),
     AVX_VNNI.name: ("u8s8", "uint8", "int8", 4),
     AVX512.name: ("s16", "int16", "int16", 2),
@@ -70,8 +70,8 @@ class IntGemmKernel:
     requant: str | None = None  # None (store int32), or the requantized output's dtype
 
     def __post_init__(self):
-        if self.isa.name not in _OPS:
-            raise TileError(f"no x86 integer GEMM kernel for {self.isa.name}; expected one of {sorted(_OPS)}")
+        if self.isa.name not in OPS:
+            raise TileError(f"no x86 integer GEMM kernel for {self.isa.name}; expected one of {sorted(OPS)}")
         normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
         if self.requant is not None and self.requant not in OUT_DTYPES:
             raise TileError(f"requant must be None or one of {OUT_DTYPES}, got {self.requant!r}")
@@ -83,20 +83,20 @@ class IntGemmKernel:
     @property
     def op(self) -> str:
         """"u8s8" (vpdpbusd) or "s16" (vpmaddwd)."""
-        return _OPS[self.isa.name][0]
+        return OPS[self.isa.name][0]
 
     @property
     def a_dtype(self) -> str:
-        return _OPS[self.isa.name][1]
+        return OPS[self.isa.name][1]
 
     @property
     def b_dtype(self) -> str:
-        return _OPS[self.isa.name][2]
+        return OPS[self.isa.name][2]
 
     @property
     def group(self) -> int:
         """K values per group of packed B, and per K step; K must be a multiple of it."""
-        return _OPS[self.isa.name][3]
+        return OPS[self.isa.name][3]
 
     @property
     def c_dtype(self) -> str:
@@ -131,7 +131,7 @@ def registers_needed(isa: Isa, mr: int, nr: int) -> int:
     """Vector registers the K loop holds: MR * NR/lanes accumulators, a row of B, one broadcast,
     and for vpmaddwd the product on its way to the vpaddd."""
     nv = nr // isa.lanes
-    return mr * nv + nv + 1 + (_OPS[isa.name][0] == "s16")
+    return mr * nv + nv + 1 + (OPS[isa.name][0] == "s16")
 
 
 def check_tile(isa: Isa, mr: int, nr: int) -> None:

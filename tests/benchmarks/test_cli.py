@@ -57,6 +57,17 @@ def test_bench_gemm(clone):
     assert out.startswith("host: ") and " cores; caches of cpu0: " in out.splitlines()[0], out
 
 
+def test_bench_gemm_int8_prints_each_isa_peak_and_tile(clone):
+    from microkernels import X86_INT_ISAS
+
+    out = cli(clone, "-m", "microkernels", "bench", "gemm", "--int8")
+    runs = [n for n, isa in X86_INT_ISAS.items() if isa.host_supports()]
+    assert "FP32 FMA peak" in out and out.count("measured vp") == len(runs), out
+    for line in (ln for ln in out.splitlines() if "L1-resident" in ln):
+        pct = float(line.split("GOP/s")[1].split("%")[0])
+        assert 0 < pct < 150, line
+
+
 def test_bench_gemm_exhaustive_times_every_tile(clone):
     out = cli(clone, "-m", "microkernels", "bench", "gemm", "--sizes", "96", "--threads", "1", "--repeat", "1",
               "--exhaustive")

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from benchmarks.conv2d import dw_loop_gflops, load_workloads
-from benchmarks.gemm import compile_peak, measure_peak
-from microkernels import FmaPeakKernel, asm
+from benchmarks.gemm import compile_int_peak, compile_peak, measure_peak
+from microkernels import X86_INT_ISAS, FmaPeakKernel, asm
+from microkernels.int_dot_peak import DotPeakKernel
 from microkernels.f32_fma_peak import SLOTS
 from microkernels.isa import best_host_isa
 
-from ..x86_exec import X86, X86_IDS, execute
+from ..x86_exec import X86, X86_IDS, compile_target, execute, how
 
 
 @pytest.mark.parametrize("isa", X86, ids=X86_IDS)
@@ -50,3 +51,44 @@ def test_depthwise_loop_probe_is_not_faster_than_its_bound():
     for layer in (layers[-1], layers[-2], layers[0]):  # 960x7x7 s1, 576x14x14 s2 (7 wide), 32x112x112
         g = dw_loop_gflops(isa, layer, calls=500, repeat=3)
         assert 0 < g < 1.5 * bound, f"{layer.label}: {g:.0f} GFLOP/s against a bound of {bound:.0f}"
+
+
+@pytest.mark.parametrize("isa", X86_INT_ISAS.values(), ids=how)
+def test_integer_peak_kernel_computes_its_chains(isa):
+    """Each chain is y <- y + dot(m, ad) (vpdpbusd: 4 u8 x s8 products per lane) or
+    y <- pmaddwd(y as int16 pairs, m) + ad: what the loop computes, so nothing was hoisted."""
+    kern, iters = DotPeakKernel(isa), 5
+    lanes, chains = isa.lanes, kern.chains
+    rng = np.random.default_rng(2)
+    io = rng.integers(-3, 4, kern.io_words).astype(np.int32)
+    got, = execute(compile_int_peak(kern, iters, compile_target(isa)), isa, [io], [0])
+    y = io[2 * lanes:].reshape(chains, lanes).astype(np.int64)
+    if kern.op == "u8s8":
+        m = io[:lanes].view(np.uint8).reshape(lanes, 4).astype(np.int64)
+        ad = io[lanes:2 * lanes].view(np.int8).reshape(lanes, 4).astype(np.int64)
+        for _ in range(iters):
+            y = (y + (m * ad).sum(axis=1)) & 0xFFFFFFFF
+    else:
+        m = io[:lanes].view(np.int16).reshape(lanes, 2).astype(np.int64)
+        ad = io[lanes:2 * lanes].astype(np.int64)
+        for _ in range(iters):
+            pairs = y.astype(np.uint32).view(np.int16).reshape(chains, lanes, 2).astype(np.int64)
+            y = ((pairs * m).sum(axis=2) + ad) & 0xFFFFFFFF
+    want = y.astype(np.uint32).view(np.int32)
+    assert np.array_equal(got[2 * lanes:].reshape(chains, lanes), want)
+
+
+@pytest.mark.parametrize("isa", X86_INT_ISAS.values(), ids=lambda isa: isa.name)
+def test_integer_peak_loop_is_one_instruction_per_chain(isa):
+    kern = DotPeakKernel(isa)
+    fn = compile_int_peak(kern, 100).mod.inspect_source("asm")
+    loops = [lp for lp in asm.single_block_loops(fn) if any("vpdpbusd" in i or "vpmaddwd" in i for i in lp.body)]
+    assert len(loops) == 1
+    mul = "vpdpbusd" if kern.op == "u8s8" else "vpmaddwd"
+    body = [i.removeprefix("{vex} ") for i in loops[0].body]
+    # LLVM may unroll the loop (it does, twice, for AVX-VNNI's 12 chains): whole iterations only.
+    n = sum(i.startswith(mul) for i in body)
+    assert n and n % kern.chains == 0, n
+    assert sum(i.startswith("vpaddd") for i in body) == (n if kern.op == "s16" else 0)
+    assert not [i for i in body if i.startswith("vmov") or i.startswith("vpbroadcast")], body
+    assert not loops[0].stack_accesses()

@@ -1,0 +1,80 @@
+"""Integer multiply-accumulate throughput probe, the integer tiles' peak (as f32_fma_peak is the
+FP32 tiles'): independent chains of the instruction a tile's K step issues, nothing else.
+
+    void mk_<op>_dotpeak_<chains>_<isa>(ptr io, i32 iters)
+op "u8s8": one vpdpbusd per chain and iteration; op "s16": one vpmaddwd and one vpaddd, the
+upcast tile's pair. io holds 2 + chains vectors (two operands, then the chains' start values,
+overwritten with the results so nothing can be optimized away). Each vpmaddwd multiplies its
+chain's own value, so it cannot be hoisted out of the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .int_gemm import OPS, TileError
+from .isa import Isa
+
+
+@dataclass(frozen=True)
+class DotPeakKernel:
+    isa: Isa
+
+    def __post_init__(self):
+        if self.isa.name not in OPS:
+            raise TileError(f"no integer peak probe for {self.isa.name}; expected one of {sorted(OPS)}")
+
+    @property
+    def op(self) -> str:
+        return OPS[self.isa.name][0]
+
+    @property
+    def chains(self) -> int:
+        return self.isa.vector_registers - 4
+
+    @property
+    def name(self) -> str:
+        return f"mk_{self.op}_dotpeak_{self.chains}_{self.isa.name}"
+
+    @property
+    def io_words(self) -> int:
+        """int32 words of io."""
+        return (2 + self.chains) * self.isa.lanes
+
+    def ops(self, iters: int) -> int:
+        """Integer operations (a multiply and an add per MAC) that `iters` iterations perform."""
+        return 2 * self.isa.lanes * OPS[self.isa.name][3] * self.chains * iters
+
+    def llvm_ir(self) -> str:
+        lanes, bits, n = self.isa.lanes, self.isa.vector_bits, self.chains
+        vi = f"<{lanes} x i32>"
+        vo = f"<{4 * lanes} x i8>" if self.op == "u8s8" else f"<{2 * lanes} x i16>"
+        if self.op == "u8s8":
+            callee, decl = f"@llvm.x86.avx512.vpdpbusd.{bits}", f"({vi}, {vo}, {vo})"
+        else:
+            callee = "@llvm.x86.avx512.pmaddw.d.512" if bits == 512 else "@llvm.x86.avx2.pmadd.wd"
+            decl = f"({vo}, {vo})"
+        out = [f"define internal void @{self.name}(ptr noalias %io, i32 %iters) alwaysinline {{", "entry:",
+               f"  %m = load {vo}, ptr %io, align 4",
+               f"  %pa = getelementptr inbounds i32, ptr %io, i64 {lanes}",
+               f"  %ad = load {vi}, ptr %pa, align 4"]
+        if self.op == "u8s8":
+            out.append(f"  %adb = bitcast {vi} %ad to {vo}")
+        for c in range(n):
+            out.append(f"  %p{c} = getelementptr inbounds i32, ptr %io, i64 {(2 + c) * lanes}")
+            out.append(f"  %s{c} = load {vi}, ptr %p{c}, align 4")
+        out += ["  br label %loop", "loop:", "  %it = phi i32 [0, %entry], [%itn, %loop]"]
+        out += [f"  %x{c} = phi {vi} [%s{c}, %entry], [%y{c}, %loop]" for c in range(n)]
+        for c in range(n):
+            if self.op == "u8s8":
+                out.append(f"  %y{c} = call {vi} {callee}({vi} %x{c}, {vo} %m, {vo} %adb)")
+            else:
+                out.append(f"  %xw{c} = bitcast {vi} %x{c} to {vo}")
+                out.append(f"  %q{c} = call {vi} {callee}({vo} %xw{c}, {vo} %m)")
+                out.append(f"  %y{c} = add {vi} %q{c}, %ad")
+        out += ["  %itn = add nuw nsw i32 %it, 1", "  %more = icmp slt i32 %itn, %iters",
+                "  br i1 %more, label %loop, label %exit", "exit:"]
+        for c in range(n):
+            out.append(f"  store {vi} %y{c}, ptr %p{c}, align 4")
+        out += ["  ret void", "}", f"declare {vi} {callee}{decl}", ""]
+        return "\n".join(out)

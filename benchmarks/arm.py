@@ -27,7 +27,7 @@ from intrinsics.tile_module import mac_tile_module
 from microkernels import ARM_ISAS, asm, mca
 from microkernels.int_mac import default_mac_kernel
 from schedules.conv import ConvParams, Geometry
-from schedules.conv import int8_arm as conv2d_int8
+from schedules.conv import int8 as conv2d_int8
 
 TARGETS = {"armv7-neon": "neon", "aarch64-neon": "aarch64", "aarch64-dotprod": "aarch64dot"}
 # The dot-product kernel needs an ARMv8.2 core model; cortex-a55 is the in-order one that has it.

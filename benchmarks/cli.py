@@ -87,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--path", choices=["kernel", "blocked", "nchw", "bound"], default="kernel",
                    help="what of ours is timed: the kernel on blocked TVM tensors, run_blocked on numpy, op(x, w) on "
                         "NCHW arrays, or op.bind(w) then f(x)")
+    c.add_argument("--dtype", choices=["float32", "int8"], default="float32",
+                   help="int8: each layer quantized (uint8 x int8 -> uint8) on our int8 conv2d beside our float32 one, "
+                        "ONNX Runtime and OpenVINO on a one-layer QDQ model (target: native, x86-avx512vnni, "
+                        "x86-avxvnni, x86-avx512 or x86-avx2 for the upcast)")
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     c.add_argument("--plot", metavar="FILE.png", help="also draw the layers on a roofline and ours/PyTorch (the plot extra)")
@@ -220,6 +224,14 @@ def main(argv=None) -> int:
         layers = conv2d.load_workloads(args.workloads or conv2d.DEFAULT_WORKLOADS)
         if args.layers:
             layers = [layers[i] for i in args.layers]
+        if args.dtype == "int8":
+            from benchmarks import int8
+
+            result = int8.run(layers, threads, args.repeat, log, args.target)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=2)
+            return 0
         set_threads(1)
         peak1 = gemm.measure_peak(isa)
         log(f"ISA {isa.name}: measured FP32 FMA peak, 1 thread: {peak1:.1f} GFLOP/s")

@@ -11,11 +11,19 @@ from tvm.script import tirx as T
 
 import intrinsics
 import schedules
-from microkernels import MATMUL_TILES, FmaPeakKernel, GemmKernel, IntGemmKernel, Isa, best_host_isa, default_int_kernel, max_tiles
+from microkernels import (
+    MATMUL_TILES,
+    FmaPeakKernel,
+    GemmKernel,
+    IntGemmKernel,
+    Isa,
+    best_host_isa,
+    default_int_kernel,
+    max_tiles,
+)
 from microkernels.int_dot_peak import DotPeakKernel
 from microkernels.int_gemm import max_tiles as int_max_tiles
 from schedules.common.targets import require_host, set_threads
-
 from schedules.common.timing import seconds_per_call, settle
 
 ROUNDS = 3

@@ -1,10 +1,13 @@
-"""TensorIntrins for one output tile of a spatially packed integer convolution on a NEON MAC tile.
+"""TensorIntrins for one output tile of a spatially packed integer convolution on an integer tile:
+a NEON MAC tile (microkernels.int_mac) or an x86 one (microkernels.int_gemm).
 
 Description, for an MR x NR output tile (MR output pixels of one row, NR output channels):
     C[m, j] += sum over (r, s, i) of int32(A[r*dh, m*sw + s*dw, i]) * int32(B[r, s, i, j])
 A is a window of the packed input (rows, columns, the group's channels i, zero point already
 subtracted), B the tile's weights (KH, KW, channels, NR), C a row of the int32 output.
-On the sdot kernel the channels go in quads, i = 4q + t, and B is (KH, KW, C/4, NR, 4).
+On a kernel that takes B in groups of G k (sdot and vpdpbusd: 4, vpmaddwd: 2) the channels go
+in groups, i = G*q + t, and B is (KH, KW, C/G, NR, G). A and B have the kernel's own dtypes
+(uint8 A with int8 B on VNNI).
 C accumulates: the schedule zeroes it in an init block, and the implementation calls the kernel
 once per kernel row r. With dw = 1 the columns of a row (s, i) lie back to back in A, so one
 call covers KW * channels values of K; with dilation it is one call per (r, s).
@@ -19,22 +22,30 @@ import functools
 from dataclasses import dataclass
 
 from microkernels import TileError
+from microkernels.int_gemm import IntGemmKernel
 from microkernels.int_mac import MacKernel
 from microkernels.isa import normalize_ints
 
-from .templates import Operand, frame, free_stride, implementation_text, register_text, template
+from .templates import (
+    Operand,
+    frame,
+    free_stride,
+    implementation_text,
+    register_text,
+    template,
+)
 
 
-def reduce_axes(kh: int, kw: int, ci: int, dot: bool = False) -> list[tuple[str, int]]:
+def reduce_axes(kh: int, kw: int, ci: int, group: int = 1) -> list[tuple[str, int]]:
     """(name, extent) of the tile's reduction loops, outer to inner, without unit extents:
-    kernel row r, kernel column s, channel i (for sdot: channel quad q and t within it)."""
-    chans = (("q", ci // 4), ("t", 4)) if dot else (("i", ci),)
+    kernel row r, kernel column s, channel i (in groups of G > 1: group q and t within it)."""
+    chans = (("q", ci // group), ("t", group)) if group > 1 else (("i", ci),)
     return [(n, e) for n, e in (("r", kh), ("s", kw), *chans) if e > 1]
 
 
 @dataclass(frozen=True)
 class IntConvTile:
-    kern: MacKernel
+    kern: MacKernel | IntGemmKernel
     kh: int
     kw: int
     ci: int  # packed channels of a group: the pixel stride of A
@@ -44,17 +55,31 @@ class IntConvTile:
 
     def __post_init__(self):
         normalize_ints(self, ("kh", "kw", "ci", "sw", "dh", "dw"), TileError)
-        if self.dot and self.ci % 4:
-            raise TileError(f"sdot takes channels in groups of 4; ci={self.ci} is not a multiple of 4")
+        if self.ci % self.group:
+            raise TileError(f"{self.kern.name} takes channels in groups of {self.group}; ci={self.ci} is not a multiple")
         if self.kern.mr < 2:
             raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
-        if self.k_run % self.kern.k_step:
+        if self.k_run % self.k_step:
             raise TileError(f"one kernel call covers {self.k_run} values of K, not a multiple of "
-                            f"{self.kern.name}'s step {self.kern.k_step}; pad the channels")
+                            f"{self.kern.name}'s step {self.k_step}; pad the channels")
+        if isinstance(self.kern, IntGemmKernel) and not self.kern.accumulate:
+            raise TileError(f"{self.kern.name}: a conv tile accumulates over its calls; use the accumulating kernel")
 
     @property
-    def dot(self) -> bool:
-        return self.kern.op == "dot"
+    def group(self) -> int:
+        """k per group of packed B: 4 for sdot and vpdpbusd, 2 for vpmaddwd, 1 for the NEON MACs."""
+        return kernel_group(self.kern)
+
+    @property
+    def k_step(self) -> int:
+        return self.kern.group if isinstance(self.kern, IntGemmKernel) else self.kern.k_step
+
+    @property
+    def dtypes(self) -> tuple[str, str]:
+        """(A, B) element types."""
+        if isinstance(self.kern, IntGemmKernel):
+            return self.kern.a_dtype, self.kern.b_dtype
+        return self.kern.dtype, self.kern.dtype
 
     @property
     def k_run(self) -> int:
@@ -71,12 +96,12 @@ class IntConvTile:
         return (self.kh - 1) * self.dh + 1, (self.kern.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1
 
     def reduce_axes(self) -> list[tuple[str, int]]:
-        return reduce_axes(self.kh, self.kw, self.ci, self.dot)
+        return reduce_axes(self.kh, self.kw, self.ci, self.group)
 
     def channel(self, v: dict) -> str:
-        if not self.dot:
+        if self.group == 1:
             return v.get("i", "0")
-        return f"{v['q']} * 4 + {v['t']}" if "q" in v else v["t"]
+        return f"{v['q']} * {self.group} + {v['t']}" if "q" in v else v["t"]
 
     def a_index(self, v: dict) -> tuple[str, str, str]:
         """Index expressions (row, column, channel) into the window; `v` maps "m", "r", "s", "i" to
@@ -86,24 +111,32 @@ class IntConvTile:
 
     def b_index(self, v: dict) -> tuple[str, ...]:
         get = lambda k: v.get(k, "0")  # noqa: E731
-        if self.dot:
+        if self.group > 1:
             return get("r"), get("s"), get("q"), v["j"], v["t"]
         return get("r"), get("s"), get("i"), v["j"]
 
     @property
     def b_shape(self) -> tuple:
         nr = self.kern.nr
-        return (self.kh, self.kw, self.ci // 4, nr, 4) if self.dot else (self.kh, self.kw, self.ci, nr)
+        g = self.group
+        return (self.kh, self.kw, self.ci // g, nr, g) if g > 1 else (self.kh, self.kw, self.ci, nr)
+
+
+def kernel_group(kern) -> int:
+    """k per group of `kern`'s packed B (1: B row by row)."""
+    if isinstance(kern, IntGemmKernel):
+        return kern.group
+    return 4 if kern.op == "dot" else 1
 
 
 def _frame(tile: IntConvTile, stride) -> list[str]:
-    dt, ci = tile.kern.dtype, tile.ci
+    (at, bt), ci = tile.dtypes, tile.ci
     ah, aw = tile.window
     return frame([
         # Pixels are `ci` apart in A, a constant in description and implementation alike: that
         # is what makes (s, i) one run.
-        Operand("a", "A", (ah, aw, ci), dt, f"[{stride('s1')}, {ci}, 1]"),
-        Operand("b", "B", tile.b_shape, dt),
+        Operand("a", "A", (ah, aw, ci), at, f"[{stride('s1')}, {ci}, 1]"),
+        Operand("b", "B", tile.b_shape, bt),
         Operand("c", "C", (tile.kern.mr, tile.kern.nr), "int32", f"[{stride('sc')}, 1]"),
     ])
 
@@ -134,7 +167,7 @@ def implementation(tile: IntConvTile) -> str:
     return implementation_text(functools.partial(_frame, tile), [
         f"            for {', '.join(n for n, _ in calls)} in T.grid({', '.join(str(e) for _, e in calls)}):",
         f"                T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r', offset={a_off}),"
-        f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {4 * nr if tile.dot else nr}, C.access_ptr('w'), sc,"
+        f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {tile.group * nr}, C.access_ptr('w'), sc,"
         f" {tile.k_run}))",
     ])
 

@@ -12,7 +12,7 @@ from .common.layouts import aligned_empty
 from .common.targets import PRESETS, UnsupportedHostError, resolve
 from .conv import BoundConv2d, Conv2dOp, ConvBlocking, ConvParams, PostOps, conv2d, inverted_residual
 from .conv import depthwise, winograd
-from .conv import int8_arm as conv2d_int8
+from .conv import int8 as conv2d_int8
 from .emulation import bochs
 from .emulation import qemu as emulate
 from .matmul import Blocking, MatmulOp, matmul

@@ -34,7 +34,17 @@ from microkernels.f32_gemm import registers_needed
 from .common import tuned
 from .common.compiled import CompiledOp, check_operand, check_out, declare_user_aligned
 from .common.layouts import aligned_empty
-from .common.targets import check_elements, check_emulate, host_cache_bytes, positive_int, resolve, thread_count
+from .common.targets import (
+    check_elements,
+    check_emulate,
+    dtype_name,
+    float_isa,
+    host_cache_bytes,
+    int_isa,
+    positive_int,
+    resolve,
+    thread_count,
+)
 from .common.tir import ceil_div
 
 
@@ -293,20 +303,35 @@ def _schedule_pack(sch, name: str) -> None:
 
 
 def matmul(M, N, K, target="native", threads=None, kernel: GemmKernel | None = None,
-           blocking: Blocking = Blocking(), emulate: bool = False) -> MatmulOp:
+           blocking: Blocking = Blocking(), emulate: bool = False, dtype="float32", a_zero_point=0):
     """Compile C[M, N] = A[M, K] @ B[K, N] (float32, row-major) for a target preset.
 
-    target: "x86-avx512", "x86-avx2" or "native" (the widest this host runs).
+    target: "x86-avx512", "x86-avx2" or "native" (the widest this host runs); for the quantized
+        matmul also "x86-avx512vnni" and "x86-avxvnni" (x86-avx512 / x86-avx2: the int16 upcast).
     threads: size of TVM's thread pool while this op runs (None: one per core).
     kernel: the tile to use (default: chosen per shape from MATMUL_TILES); the rows its MR
         does not divide go to a tail op that picks its own.
     emulate: run calls on the Bochs CPU (x86 targets; AVX-512 on a host without it), one thread.
+    dtype "uint8" or "int8": the quantized matmul (schedules.matmul_int8), int32
+        C = (A - a_zero_point) @ B with B int8; returns an Int8MatmulOp.
     """
     M, N, K = (positive_int(n, v) for n, v in (("M", M), ("N", N), ("K", K)))
     check_elements(A=(M, K), B=(K, N), C=(M, N))
     threads = thread_count(threads)
     isa = resolve(target)
     emulate = check_emulate(emulate, isa)
+    dtype = dtype_name("dtype", dtype)
+    if dtype != "float32":
+        if isa.arch != "x86":
+            raise ValueError(f"matmul runs on x86 targets; got {target!r}")
+        if kernel is not None or blocking != Blocking():
+            raise ValueError("kernel and blocking apply to the float32 matmul")
+        from .matmul_int8 import matmul_int8
+
+        return matmul_int8(M, N, K, dtype, int_isa(target, isa), threads, a_zero_point, emulate)
+    if a_zero_point != 0:
+        raise ValueError("a_zero_point applies to the quantized matmul (dtype 'uint8' or 'int8')")
+    isa = float_isa(isa)
     if not isinstance(blocking, Blocking):
         raise TypeError(f"blocking must be a schedules.Blocking, got {type(blocking).__name__}")
     if kernel is not None and not isinstance(kernel, GemmKernel):

@@ -19,7 +19,7 @@ ALLOWED = {
 }
 # `python -m microkernels` is the command line, which sits on top of everything.
 ENTRY_POINTS = {"microkernels.__main__"}
-FAMILIES = {f"schedules.conv.{f}" for f in ("direct", "grouped", "winograd", "depthwise", "int8_arm", "inverted")}
+FAMILIES = {f"schedules.conv.{f}" for f in ("direct", "grouped", "winograd", "depthwise", "int8", "inverted")}
 MAX_PARAMETERS = 10
 
 
@@ -156,4 +156,4 @@ def test_the_checks_see_the_code():
     assert {"schedules.conv.dispatch", "schedules.common.tir", "microkernels.f32_gemm"} <= set(MODULES)
     assert "schedules.conv.winograd" in GRAPH["schedules.conv.dispatch"]
     assert "microkernels" in {m.split(".")[0] for m in GRAPH["intrinsics.f32_gemm"]}
-    assert _module_aliases("schedules.conv.int8_arm")["qemu"] == "schedules.emulation.qemu"
+    assert _module_aliases("schedules.conv.int8")["qemu"] == "schedules.emulation.qemu"

@@ -1,5 +1,5 @@
 """conv2d: the layer as values (geometry), typed plans (plans), the compiled op (op), one module
-per family (direct, grouped, winograd, depthwise, int8_arm, each with applies() where a
+per family (direct, grouped, winograd, depthwise, int8, each with applies() where a
 layer's shape decides it, and schedule(); inverted fuses a 1x1 expand with the depthwise conv
 after it), and dispatch, which alone imports the families."""
 

@@ -5,7 +5,7 @@ Order of choice on x86 (float32): Winograd where `algorithm` asks for it (or "au
 measured faster: winograd.choose), else depthwise (one input channel per group, or groups of
 2, 4 or 8 channels with as many outputs: the kernel's grouped variant), else the direct conv,
 on wider groups with block-diagonal weights where the layer's groups are narrower than a block
-(grouped: other narrow groups, or a fused residual). The ARM targets run the quantized spatial pack (int8_arm).
+(grouped: other narrow groups, or a fused residual). The ARM targets run the quantized spatial pack (int8).
 Two layers fused, MobileNet's 1x1 expand and the depthwise conv after it: inverted
 (inverted_residual, and schedule_inverted for the Relax pass).
 
@@ -28,9 +28,25 @@ from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
 
 from ..common import cache, parallel, tuned
-from ..common.targets import check_emulate, dtype_name, positive_int, require_host, resolve, thread_count
-from . import autotune, depthwise, direct, grouped, int8_arm, inverted, winograd
-from .geometry import NO_POST_OPS, ConvBlocking, ConvParams, Geometry, PostOps, Quantization
+from ..common.targets import (
+    check_emulate,
+    dtype_name,
+    float_isa,
+    int_isa,
+    positive_int,
+    require_host,
+    resolve,
+    thread_count,
+)
+from . import autotune, depthwise, direct, grouped, int8, inverted, winograd
+from .geometry import (
+    NO_POST_OPS,
+    ConvBlocking,
+    ConvParams,
+    Geometry,
+    PostOps,
+    Quantization,
+)
 from .op import Conv2dOp, Scheduled
 
 LOG = logging.getLogger("tvm_microkernels.autotune")
@@ -41,7 +57,12 @@ ALGORITHMS = ("auto", "direct", "winograd")
 # their defaults: each becomes part of one of the values schedule() takes.
 OPTIONS = {"threads": None, "blocking": ConvBlocking(), "tile": None, "emulate": False, "autotune": False,
            "bias": False, "residual": False, "activation": None, "clip": DEFAULT_CLIP,
-           "input_zero_point": None, "weight_zero_point": None, "weight_dtype": None}
+           "input_zero_point": None, "weight_zero_point": None, "weight_dtype": None,
+           "output_dtype": None, "input_scale": None, "weight_scale": None, "output_scale": None,
+           "output_zero_point": None}
+# The quantized conv2d's options, in Quantization's field order after dtype.
+QUANT_OPTIONS = ("weight_dtype", "input_zero_point", "weight_zero_point", "output_dtype", "input_scale",
+                 "weight_scale", "output_scale", "output_zero_point")
 
 
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
@@ -106,11 +127,10 @@ def schedule_args(data_shape, weight_shape, stride=1, padding=0, dilation=1, gro
                         f"it takes {', '.join(OPTIONS)}")
     o = {**OPTIONS, **options}
     dtype = dtype_name("dtype", dtype)
-    quant_args = (o["input_zero_point"], o["weight_zero_point"], o["weight_dtype"])
     quant = None
-    if dtype != "float32" or any(a is not None for a in quant_args):
-        izp, wzp, wdt = quant_args
-        quant = Quantization(dtype, wdt, 0 if izp is None else izp, 0 if wzp is None else wzp)
+    if dtype != "float32" or any(o[a] is not None for a in QUANT_OPTIONS):
+        given = {a: o[a] for a in QUANT_OPTIONS if o[a] is not None}
+        quant = Quantization(dtype, **given)
     post = PostOps(o["bias"], o["residual"], o["activation"], o["clip"])
     return schedule(ConvParams(data_shape, weight_shape, stride, padding, dilation, groups), post_ops=post,
                     quant=quant, target=target, algorithm=algorithm, tile=o["tile"], threads=o["threads"],
@@ -145,14 +165,23 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
         if post_ops:
             raise ValueError("bias, residual and activation are fused on the x86 float32 conv2d only")
         quant = quant or Quantization("float32")  # refused by the family, naming the dtypes it takes
-        g = Geometry.of(conv, block=int8_arm.conv_kernel(isa).nr)
-        return int8_arm.schedule(g, isa, quant)
+        g = Geometry.of(conv, block=int8.conv_kernel(isa).nr)
+        return int8.schedule(g, isa, quant)
     if quant is not None:
+        if quant.dtype in ("int8", "uint8", "int16"):
+            if algorithm == "winograd":
+                raise ValueError("algorithm='winograd' is float32 only; quantized layers run the integer tiles")
+            iisa = int_isa(target, isa)
+            if emulate and iisa.name == "avxvnni":
+                raise ValueError("emulate=True: the Bochs CPU has no AVX-VNNI; use target 'x86-avx512vnni' "
+                                 "(the same instruction on AVX-512) or run natively")
+            g = Geometry.of(conv, block=int8.conv_kernel(iisa).nr)
+            return int8.schedule(g, iisa, quant, post_ops, threads, emulate)
         if quant.dtype != "float32":
-            hint = " (quantized conv2d runs on the ARM targets: armv7-neon, aarch64-neon, aarch64-dotprod)" \
-                if quant.dtype in ("int8", "uint8") else ""
-            raise ValueError(f"dtype {quant.dtype!r} is not supported on x86 targets; use 'float32'{hint}")
-        raise ValueError("zero points and weight_dtype apply to quantized (ARM) conv2d only")
+            raise ValueError(f"dtype {quant.dtype!r} is not supported on x86 targets; use 'float32', or "
+                             "'uint8' / 'int8' for the quantized conv2d")
+        raise ValueError("zero points and weight_dtype apply to quantized conv2d only (dtype 'uint8' or 'int8')")
+    isa = float_isa(isa)
     pool = threads or os.cpu_count() or 1  # the threads the plan divides work among
     if autotune:
         if emulate:

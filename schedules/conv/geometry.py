@@ -301,23 +301,89 @@ class PostOps:
 NO_POST_OPS = PostOps()
 
 
+OUTPUT_DTYPES = ("int32", "uint8", "int8", "float32")
+
+
 @dataclass(frozen=True)
 class Quantization:
-    """The quantized (ARM) conv2d: out = sum (x - input_zero_point) * (w - weight_zero_point) in
-    int32. dtype "int8" or "uint8", or "int16" for data the legalize pass already widened;
-    weight_dtype None means int16 with int16 data, else int8. The zero points' ranges depend
-    on the dtypes and are checked by the ARM family (int8_arm)."""
+    """The quantized conv2d: acc = sum (x - input_zero_point) * (w - weight_zero_point) in int32
+    (+ bias, an int32 per output channel at scale input_scale * weight_scale, as ONNX
+    QLinearConv's). dtype "int8" or "uint8", or "int16" for data the legalize pass already widened;
+    weight_dtype None means int16 with int16 data, else int8. The zero points' ranges depend on
+    the dtypes and are checked by the family (int8).
+
+    output_dtype "int32" returns acc. "uint8"/"int8" requantize it as ONNX QuantizeLinear does:
+    q = saturate(round_half_even(float32(acc) * m[o]) + output_zero_point), with the float32
+    multiplier m[o] = input_scale * weight_scale[o] / output_scale (float32 arithmetic).
+    "float32" dequantizes: float32(acc) * input_scale * weight_scale[o]. weight_scale is one
+    float or one per output channel; scales must be finite and positive."""
 
     dtype: object = "int8"
     weight_dtype: object = None
     input_zero_point: object = 0
     weight_zero_point: object = 0
+    output_dtype: object = "int32"
+    input_scale: object = None
+    weight_scale: object = None
+    output_scale: object = None
+    output_zero_point: object = 0
 
     def __post_init__(self):
         dtype = dtype_name("dtype", self.dtype)
         weight = dtype_name("weight_dtype", self.weight_dtype)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "weight_dtype", weight or ("int16" if dtype == "int16" else "int8"))
+        out = dtype_name("output_dtype", self.output_dtype) or "int32"
+        if out not in OUTPUT_DTYPES:
+            raise ValueError(f"output_dtype must be one of {OUTPUT_DTYPES}, got {out!r}")
+        object.__setattr__(self, "output_dtype", out)
+        need = {"int32": (), "float32": ("input_scale", "weight_scale"),
+                "uint8": ("input_scale", "weight_scale", "output_scale"),
+                "int8": ("input_scale", "weight_scale", "output_scale")}[out]
+        for name in ("input_scale", "weight_scale", "output_scale"):
+            value = getattr(self, name)
+            if name in need and value is None:
+                raise ValueError(f"output_dtype {out!r} needs {', '.join(need)}; {name} is missing")
+            if name not in need and value is not None:
+                raise ValueError(f"{name} does not apply to output_dtype {out!r} (it takes {', '.join(need) or 'no scales'})")
+            if value is not None:
+                object.__setattr__(self, name, _scales(name, value, per_channel=name == "weight_scale"))
+        zp = self.output_zero_point
+        if isinstance(zp, (bool, np.bool_)) or not isinstance(zp, (int, np.integer)):
+            raise TypeError(f"output_zero_point must be an int, got {type(zp).__name__}")
+        lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}.get(out, (0, 0))
+        if not lo <= zp <= hi:
+            what = f"[{lo}, {hi}] for {out}" if out in ("uint8", "int8") else f"0 for output_dtype {out!r}"
+            raise ValueError(f"output_zero_point={zp} is out of range: must be {what}")
+        object.__setattr__(self, "output_zero_point", int(zp))
+
+    @property
+    def requantizes(self) -> bool:
+        return self.output_dtype != "int32"
+
+    def multipliers(self, channels: int) -> np.ndarray:
+        """m[o] per output channel, float32, computed in float32 as the class doc says."""
+        sw = np.asarray(self.weight_scale, np.float32)
+        if sw.size not in (1, channels):
+            raise ValueError(f"weight_scale has {sw.size} values; give one, or one per output channel ({channels})")
+        m = np.float32(self.input_scale[0]) * np.broadcast_to(sw, (channels,)).astype(np.float32)
+        if self.output_dtype != "float32":
+            m = m / np.float32(self.output_scale[0])
+        if not np.isfinite(m).all() or (m <= 0).any():
+            raise ValueError("the scales' product input_scale * weight_scale / output_scale overflows or underflows float32")
+        return m.astype(np.float32)
+
+
+def _scales(name: str, value, per_channel: bool) -> tuple:
+    """Scales as a tuple of Python floats (one, or one per channel), finite and positive."""
+    arr = np.asarray(value, dtype=np.float64) if not isinstance(value, (str, bytes)) else None
+    if arr is None or arr.ndim > (1 if per_channel else 0) or arr.size == 0:
+        shape = "a float or a sequence of floats (one per output channel)" if per_channel else "a float"
+        raise TypeError(f"{name} must be {shape}, got {value!r}")
+    flat = arr.reshape(-1)
+    if not np.isfinite(flat).all() or (flat <= 0).any() or not np.isfinite(flat.astype(np.float32)).all():
+        raise ValueError(f"{name} must be finite, positive float32 values (no NaN or inf), got {value!r}")
+    return tuple(float(v) for v in flat)
 
 
 def segments(ow: int, mr: int) -> list[tuple[int, int, int]]:

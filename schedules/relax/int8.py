@@ -22,7 +22,7 @@ the pass's arguments -- so the result changes on purpose: after the pass the fun
 sum (x - zp_x) * (w - zp_w). Padding pads the int16, shifted data with 0, i.e. a padded pixel is
 the zero point and contributes nothing, the same convention as the schedule's pack stage (and
 QNN's). Each |x - zp_x|, |w - zp_w| is at most 255, so int16 holds them exactly and the int32
-sum is exact while C/groups * KH * KW <= 33025 (`conv.int8_arm.MAX_K`); a longer reduction (or a
+sum is exact while C/groups * KH * KW <= 33025 (`conv.int8.MAX_K`); a longer reduction (or a
 weight whose shape is not static) is refused with a ValueError, never rewritten or passed over.
 
 Trade-off against the schedule-level upcast:
@@ -56,7 +56,7 @@ from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
 
-from ..conv.int8_arm import MAX_K
+from ..conv.int8 import MAX_K
 
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 EIGHT_BIT = tuple(ZERO_POINT_RANGE)

@@ -15,7 +15,7 @@ from intrinsics.tile_module import mac_tile_module
 from microkernels import ARM_ISAS, asm, mca
 from microkernels.int_mac import default_mac_kernel
 from schedules.conv import ConvParams, Geometry
-from schedules.conv import int8_arm as conv2d_int8
+from schedules.conv import int8 as conv2d_int8
 
 from ..arm_tools import require_mca
 

@@ -38,7 +38,7 @@ GOOD = dict(data_shape=(1, 4, 8, 8), weight_shape=(8, 4, 3, 3))
     (dict(data_shape=(1, 4, 0, 8)), ValueError, r"data_shape\[2\] must be >= 1"),
     (dict(data_shape=(1, 4, 8, 8, 1)), ValueError, r"data_shape must be \(N, C, H, W\) or, unbatched, \(C, H, W\)"),
     (dict(data_shape=(-1, 4, 8, 8)), ValueError, r"data_shape\[0\] must be >= 1"),
-    (dict(dtype="int8"), ValueError, "dtype 'int8' is not supported"),
+    (dict(dtype="int16", weight_dtype="int8"), ValueError, "int16 is the legalized, zero-point-free form"),
     (dict(dtype="float16"), ValueError, "dtype 'float16' is not supported"),
     (dict(algorithm="winograd", stride=2), ValueError, "algorithm='winograd' needs stride 1"),
     (dict(target="x86-sse"), ValueError, "unknown target 'x86-sse'"),
@@ -87,5 +87,7 @@ def test_schedule_takes_the_values_conv2d_makes():
     assert s.mod.script() == t.mod.script()
     with pytest.raises(ValueError, match="zero points and weight_dtype apply to quantized"):
         dispatch.schedule(params, quant=Quantization("float32"), target=HOST)
-    with pytest.raises(ValueError, match="dtype 'int8' is not supported on x86 targets.*armv7-neon"):
-        dispatch.schedule(params, quant=Quantization("int8"), target=HOST)
+    with pytest.raises(ValueError, match="dtype 'float16' is not supported on x86 targets; use 'float32', or 'uint8'"):
+        dispatch.schedule(params, quant=Quantization("float16"), target=HOST)
+    op = dispatch.schedule(params, quant=Quantization("int8"), target=HOST)  # the x86 integer tiles
+    assert op.plan.kern.isa.arch == "x86" and op.out_shape == (1, 16, 8, 8)

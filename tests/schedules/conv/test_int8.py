@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import schedules
 from microkernels import asm
-from schedules.conv.int8_arm import MAX_K, MAX_K_DOT, MAX_PRODUCT
+from schedules.conv.int8 import MAX_K, MAX_K_DOT, MAX_PRODUCT
 
 from ... import conv_reference
 from ...arm_tools import require_emulator
@@ -299,7 +299,7 @@ def test_run_packed_and_int16_legalized_match(target, depthwise):
 
     packed = op.pack_weights(w)
     assert isinstance(packed, tuple) and len(packed) == (2 if op.plan.dot else 1)
-    assert packed[0].dtype == np.dtype(op.plan.packed_dtype) and packed[0].shape == op.plan.weight_shape
+    assert packed[0].dtype == np.dtype(op.plan.weight_dtype) and packed[0].shape == op.plan.weight_shape
     if op.plan.dot:
         assert packed[0].dtype == np.int8
         assert packed[1].dtype == np.int32 and packed[1].shape == op.plan.bias_shape
@@ -395,10 +395,11 @@ def test_unsupported_weight_dtype_on_arm_is_refused():
         schedules.conv2d(*LAYER, dtype="int8", weight_dtype="float32", target="aarch64-neon")
 
 
-@pytest.mark.parametrize("dtype", ["int8", "uint8"])
-def test_quantized_dtype_on_x86_names_the_arm_targets(dtype):
-    with pytest.raises(ValueError, match=r"not supported on x86 targets.*armv7-neon, aarch64-neon, aarch64-dotprod"):
-        schedules.conv2d(*LAYER, dtype=dtype, target="x86-avx2")
+@pytest.mark.parametrize("dtype, weight_dtype", [("int16", "int8"), ("float16", None)])
+def test_other_dtypes_on_x86_name_what_is_taken(dtype, weight_dtype):
+    match = "int16 is the legalized" if dtype == "int16" else "not supported on x86 targets; use 'float32', or 'uint8'"
+    with pytest.raises(ValueError, match=match):
+        schedules.conv2d(*LAYER, dtype=dtype, weight_dtype=weight_dtype, target="x86-avx2")
 
 
 @pytest.mark.parametrize("kwargs", [dict(input_zero_point=0), dict(weight_zero_point=3), dict(weight_dtype="int8")])

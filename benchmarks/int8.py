@@ -1,0 +1,152 @@
+"""`bench conv2d --dtype int8`: each layer quantized (uint8 activations with a zero point, per-channel
+int8 weights, int32 bias, requantized uint8 output) on our int8 conv2d, beside our own float32
+conv2d of the same layer and the int8 engines people deploy with: ONNX Runtime and OpenVINO, both
+on one QDQ ONNX model of the layer (DequantizeLinear -> Conv -> QuantizeLinear, uint8 in and out),
+which they fuse into their int8 convolution (ONNX Runtime's QLinearConv, OpenVINO's oneDNN int8).
+
+Every engine runs the same quantized weights; outputs are compared (largest difference, in
+quantization steps). Times are the median seconds per call on the NCHW arrays with the weights
+packed beforehand (our `bind`), warm caches, engines taking turns per layer.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+import schedules
+from schedules.common.targets import int_isa, resolve, set_threads
+from schedules.common.timing import seconds_per_call, settle
+
+from . import peers
+
+# The quantization of the bench's layers: activations uint8 around a zero point, weights int8
+# per output channel (symmetric, as onnxruntime.quantization writes them), output uint8.
+SX, ZX, SY, ZY = 0.02, 128, 0.05, 128
+
+
+def quantized_layer(layer, seed: int = 0) -> dict:
+    """Random uint8 data, int8 weights with per-channel scales, an int32 bias at scale sx * sw."""
+    rng = np.random.default_rng(seed)
+    (n, c, h, w), w_shape = layer.shapes
+    sw = (rng.uniform(0.5, 1.5, w_shape[0]) / np.sqrt(w_shape[1] * w_shape[2] * w_shape[3]) / 64).astype(np.float32)
+    return {"x": rng.integers(0, 256, (n, c, h, w)).astype(np.uint8),
+            "w": rng.integers(-127, 128, w_shape).astype(np.int8),
+            "bias": rng.integers(-2000, 2000, w_shape[0]).astype(np.int32), "sw": sw}
+
+
+def qdq_model(layer, q: dict, path: str) -> str:
+    """The layer as the QDQ graph a quantizer writes: x uint8 -> DequantizeLinear -> Conv (weights
+    and bias through their own DequantizeLinear) -> QuantizeLinear -> y uint8."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    (n, c, h, w), w_shape = layer.shapes
+    oh, ow = ((d + 2 * layer.pad - layer.k) // layer.stride + 1 for d in (h, w))
+    inits = [
+        numpy_helper.from_array(np.array(SX, np.float32), "sx"), numpy_helper.from_array(np.array(ZX, np.uint8), "zx"),
+        numpy_helper.from_array(q["w"], "wq"), numpy_helper.from_array(q["sw"], "sw"),
+        numpy_helper.from_array(np.zeros(w_shape[0], np.int8), "zw"),
+        numpy_helper.from_array(q["bias"], "bq"), numpy_helper.from_array((np.float32(SX) * q["sw"]).astype(np.float32), "sb"),
+        numpy_helper.from_array(np.zeros(w_shape[0], np.int32), "zb"),
+        numpy_helper.from_array(np.array(SY, np.float32), "sy"), numpy_helper.from_array(np.array(ZY, np.uint8), "zy"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+        helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wf"], axis=0),
+        helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bf"], axis=0),
+        helper.make_node("Conv", ["xf", "wf", "bf"], ["yf"], kernel_shape=[layer.k, layer.k],
+                         strides=[layer.stride] * 2, pads=[layer.pad] * 4, group=layer.groups),
+        helper.make_node("QuantizeLinear", ["yf", "sy", "zy"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "qconv", [helper.make_tensor_value_info("x", TensorProto.UINT8, [n, c, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [n, w_shape[0], oh, ow])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return path
+
+
+def ours(layer, q: dict, target: str, threads: int):
+    op = schedules.conv2d(*layer.shapes, **layer.kwargs, dtype="uint8", target=target, threads=threads,
+                          input_zero_point=ZX, output_dtype="uint8", input_scale=SX, weight_scale=q["sw"],
+                          output_scale=SY, output_zero_point=ZY, bias=True)
+    return op, op.bind(q["w"], q["bias"])
+
+
+def run(layers, thread_counts, repeat: int, log, target: str = "native") -> dict:
+    isa = int_isa(target, resolve(target))
+    log(f"int8 conv2d on {isa.name}; quantization: x uint8 (scale {SX}, zero point {ZX}), weights int8 per "
+        f"channel, y uint8 (scale {SY}, zero point {ZY}); warm caches, weights packed beforehand")
+    skipped = [why for why in map(peers.missing, peers.NEEDS) if why]
+    for why in skipped:
+        log(why)
+    out = {"isa": isa.name, "layers": []}
+    tmp = tempfile.TemporaryDirectory(prefix="mk-int8-")
+    try:
+        for threads in thread_counts:
+            log(f"  {threads} thread(s):")
+            log(f"    {'layer':34s} {'tile':28s} {'int8 ms':>8s} {'f32 ms':>8s} {'f32/int8':>8s} {'ORT ms':>8s} "
+                f"{'OV ms':>8s} {'int8/best':>9s} {'max diff':>8s}")
+            rows = []
+            for i, layer in enumerate(layers):
+                q = quantized_layer(layer, seed=i)
+                op, f = ours(layer, q, target, threads)
+                x = q["x"]
+                turns = {"int8": lambda f=f, x=x: f(x)}
+                number = max(1, int(2e-3 / max(_quick(turns["int8"]), 1e-6)))
+                fop = schedules.conv2d(*layer.shapes, **layer.kwargs, target="native", threads=threads)
+                ff = fop.bind(np.random.default_rng(i).standard_normal(layer.weight_shape).astype(np.float32))
+                xf = q["x"].astype(np.float32)
+                turns["f32"] = lambda ff=ff, xf=xf: ff(xf)
+                engines = {}
+                if not skipped:
+                    path = qdq_model(layer, q, os.path.join(tmp.name, f"layer{i}.onnx"))
+                    engines["ORT"] = peers.onnx_runtime(path, q["x"], threads)
+                    engines["OV"] = peers.openvino(path, q["x"], threads)
+                    for name, e in engines.items():
+                        turns[name] = e.run
+                secs = {}
+                for name, call in turns.items():
+                    settle(threads, 0.3)
+                    if name in ("int8", "f32"):
+                        set_threads(threads)
+                    secs[name] = seconds_per_call(call, number, repeat, cold=False)
+                got = f(q["x"]).astype(np.int32)
+                diff = max((int(np.abs(got - e.run().astype(np.int32)).max()) for e in engines.values()), default=None)
+                best = min((secs[n] for n in engines), default=None)
+                ms = {k: 1e3 * v for k, v in secs.items()}
+                log(f"    {layer.label:34s} {op.plan.kern.name:28s} {ms['int8']:8.3f} {ms['f32']:8.3f} "
+                    f"{secs['f32'] / secs['int8']:8.2f} "
+                    + (f"{ms['ORT']:8.3f} {ms['OV']:8.3f} {secs['int8'] / best:9.2f} {diff:8d}" if engines else ""))
+                rows.append({"layer": layer.label, "threads": threads, "count": layer.count, "kernel": op.plan.kern.name,
+                             "seconds": secs, "max_diff_steps": diff})
+            _summary(rows, log)
+            out["layers"] += rows
+    finally:
+        tmp.cleanup()
+    return out
+
+
+def _quick(call) -> float:
+    import time
+
+    call()
+    t = time.perf_counter()
+    call()
+    return time.perf_counter() - t
+
+
+def _summary(rows: list[dict], log) -> None:
+    """Weighted totals (each layer times its count in the network) and the per-layer ratios."""
+    tot = {k: sum(r["seconds"][k] * r["count"] for r in rows) for k in rows[0]["seconds"]}
+    ratios = [r["seconds"]["f32"] / r["seconds"]["int8"] for r in rows]
+    line = (f"    weighted total: int8 {1e3 * tot['int8']:.2f} ms, f32 {1e3 * tot['f32']:.2f} ms "
+            f"(f32/int8 {tot['f32'] / tot['int8']:.2f}; per layer min {min(ratios):.2f}, "
+            f"geo-mean {float(np.exp(np.mean(np.log(ratios)))):.2f})")
+    if "ORT" in tot:
+        best = min(tot["ORT"], tot["OV"])
+        line += (f"; ORT {1e3 * tot['ORT']:.2f} ms, OV {1e3 * tot['OV']:.2f} ms, int8/best peer "
+                 f"{tot['int8'] / best:.2f}")
+    log(line)

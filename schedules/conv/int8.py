@@ -1,0 +1,679 @@
+"""Quantized conv2d, spatial pack, tensorized on an integer tile: the NEON MAC tiles on ARM, the
+x86 tiles (vpdpbusd with VNNI, the int16 vpmaddwd upcast without) on x86.
+
+Computes out[n, o, y, x] = sum (x_in - zp_x) * (w - zp_w) in int32, from int8/uint8 data and
+weights. Three stages, as in TVM's ARM spatial-pack schedule:
+    pack (data_vec):   x - zp_x widened to int16, zero-padded (a padded pixel is the zero point,
+                       so it contributes 0), channels last: (N, G, Hp, Wp, Cp)
+    conv (conv_vec):   MR pixels x NR output channels per tile, the tile's whole reduction
+                       (KH calls of K = KW*Cp, the row's columns back to back) on the kernel;
+                       the output row is padded up to a multiple of MR, so no tail tiles
+    unpack:            the int32 tiles back to NCHW
+The weights are widened and packed once, outside, by `pack_weights` (kernel_vec): w - zp_w as
+int16, (G, O/NR, KH, KW, Cp, NR). Upcasting to int16 here, at the schedule, keeps the weights int8
+in the model; `relax_int8.legalize_int8_conv2d` is the other design point (upcast in the graph).
+
+On aarch64-dotprod the tile is `sdot`, which multiplies int8 by int8 as they are: the zero
+points cannot be subtracted while packing (x - zp_x need not fit int8). It uses the expansion
+    sum (x - zx)(w - zw) = sum x*w - zw * sum x - zx * sum w + K * zx * zw
+with uint8 shifted to int8 first (x - 128, zx - 128): sdot computes sum x*w, a small pass sums each
+window's inputs (sum x, 1/O of the conv's work), and sum w comes with the packed weights as a
+per-channel bias. Padding holds the zero point, so it cancels in the expansion as it should.
+
+Depthwise layers (groups = in = out channels) skip the GEMM: channels sit in vector lanes and
+each tap is one `vmlal.s16` over 8 channels, so nothing is padded to a tile.
+
+x86 VNNI (vpdpbusd) multiplies uint8 by int8 as they are, so it takes the sdot expansion too,
+shifting int8 data to uint8 instead (x + 128); its weights are int8 (uint8 weights shift by -128).
+The int16 upcast tile (vpmaddwd) packs x - zp_x and w - zp_w as int16, as the NEON MAC does; its
+B goes in pairs of k. On x86 the int32 accumulators then leave through the unpack, where the
+output is requantized (Quantization: round half to even, + zero point, saturate; or dequantized
+to float32) on its way back to NCHW, and the tiles, the pack and the unpack run on all threads.
+
+ARM code is compiled here and, since this host is x86, run under qemu-user (`emulate`); x86
+code runs natively, or on the Bochs CPU with emulate=True.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import s_tir
+
+from intrinsics.int_conv import IntConvTile, kernel_group, register_int_conv
+from microkernels import AVX2, AVX512, Isa
+from microkernels.int_gemm import IntGemmKernel
+from microkernels.int_gemm import max_tiles as x86_int_tiles
+from microkernels.int_mac import MacKernel, default_mac_kernel
+
+from ..common.targets import check_array, check_elements, int_target, set_threads
+from ..common.tir import buffer, ceil_to, header, padded_pack, parse
+from ..emulation import bochs, qemu
+from .geometry import NO_POST_OPS, Geometry, PostOps, Quantization
+
+# |x - zp_x| and |w - zp_w| are at most 255 for 8-bit data, so each product is at most 65025 in
+# magnitude, and a sum of K of them is exact in int32 while K * 65025 <= 2**31 - 1.
+MAX_PRODUCT = 255 * 255
+MAX_K = (2**31 - 1) // MAX_PRODUCT  # 33025
+# The sdot expansion adds four terms, each at most 128 * 128 * K in magnitude (the bias two of them):
+# every partial sum is exact while 4 * 16384 * K <= 2**31 - 1.
+MAX_K_DOT = (2**31 - 1) // (4 * 128 * 128)  # 32767
+# vpdpbusd's uint8 x int8 terms are at most 255 * 128 each; four such sums (data x weights, the
+# window sums times zp_w, the bias's two) stay exact while 4 * 32640 * K <= 2**31 - 1.
+MAX_K_VNNI = (2**31 - 1) // (4 * 255 * 128)  # 16448
+ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
+DEPTHWISE_LANES = 8  # int16 channels per q register
+
+
+def zero_point(name: str, zp, dtype: str) -> int:
+    if isinstance(zp, (bool, np.bool_)) or not isinstance(zp, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(zp).__name__}")
+    lo, hi = ZERO_POINT_RANGE[dtype]
+    if not lo <= zp <= hi:
+        what = "int16 data is already zero-point free (the legalized form)" if dtype == "int16" else f"{dtype} values"
+        raise ValueError(f"{name}={zp} is out of range for {dtype}: must lie in [{lo}, {hi}] ({what})")
+    return int(zp)
+
+
+@dataclass(frozen=True)
+class Int8Plan:
+    """Sizes of the packed buffers for one layer (g: the validated conv2d Geometry)."""
+
+    g: object
+    kern: MacKernel | IntGemmKernel
+    depthwise: bool
+    output_dtype: str = "int32"
+    bias: bool = False  # a per-channel int32 Bias input: the expansion's terms and the user's bias
+    activation: str | None = None  # None or "relu" (8-bit: the lower bound raised to the zero point)
+    zp_out: int = 0
+    windows: bool = True  # the -zw * sum x term: only where the tile's weights' zero point is not 0
+    parallel: bool = False  # all threads (x86); ARM runs single-threaded under qemu
+
+    @property
+    def dot(self) -> bool:
+        """The tile multiplies 8-bit values as they are (sdot, vpdpbusd): zero points go through
+        the expansion, not the pack."""
+        return not self.depthwise and kernel_group(self.kern) == 4
+
+    @property
+    def group(self) -> int:
+        return 1 if self.depthwise else kernel_group(self.kern)
+
+    @property
+    def why(self) -> str:
+        """Which tile runs the layer, and why that one."""
+        kern = self.kern
+        if self.depthwise:
+            return f"depthwise: channels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
+        if isinstance(kern, IntGemmKernel) and kern.op == "u8s8":
+            return (f"{kern.name}: vpdpbusd ({kern.isa.name}), uint8 x int8 as they are, zero points through "
+                    "the expansion")
+        if isinstance(kern, IntGemmKernel):
+            return (f"{kern.name}: the int16 upcast, vpmaddwd on x - zp_x and w - zp_w packed once "
+                    f"({kern.isa.name}: no VNNI asked for or available, or int16 data)")
+        return f"{kern.name}: NEON integer tile"
+
+    @property
+    def packed_dtype(self) -> str:
+        """The packed input's (A's) element type."""
+        return self.kern.a_dtype if isinstance(self.kern, IntGemmKernel) else self.kern.dtype
+
+    @property
+    def weight_dtype(self) -> str:
+        return self.kern.b_dtype if isinstance(self.kern, IntGemmKernel) else self.kern.dtype
+
+    @property
+    def k_step(self) -> int:
+        return self.kern.group if isinstance(self.kern, IntGemmKernel) else self.kern.k_step
+
+    @property
+    def cp(self) -> int:
+        """Packed channels per group: the fewest >= C/groups that make one kernel call's K (a
+        whole kernel row when dw = 1, one column otherwise) a multiple of the kernel's K step
+        (and whole groups of 4 for sdot)."""
+        if self.depthwise:
+            return 1
+        span = self.g.kw if self.g.dilation[1] == 1 else 1
+        cp = self.g.cg
+        while (span * cp) % self.k_step or cp % self.group:
+            cp += 1
+        return cp
+
+    @property
+    def op(self) -> int:  # packed output channels per group
+        return ceil_to(self.g.og, self.kern.nr)
+
+    @property
+    def ow_padded(self) -> int:
+        return self.g.out_hw[1] if self.depthwise else ceil_to(self.g.out_hw[1], self.kern.mr)
+
+    @property
+    def data_shape(self) -> tuple:
+        g = self.g
+        return (g.n, g.c, g.h, g.w)
+
+    @property
+    def out_shape(self) -> tuple:
+        g = self.g
+        return (g.n, g.o, *g.out_hw)
+
+    @property
+    def packed_shape(self) -> tuple:
+        """The packed input: (N, Hp, Wp, C in whole vectors) for depthwise, (N, G, Hp, Wp, Cp) otherwise."""
+        g, (hp, wp) = self.g, self.packed_hw
+        if self.depthwise:
+            return (g.n, hp, wp, ceil_to(g.c, DEPTHWISE_LANES))
+        return (g.n, g.groups, hp, wp, self.cp)
+
+    @property
+    def packed_hw(self) -> tuple[int, int]:
+        g, (oh, _) = self.g, self.g.out_hw
+        (sh, sw), (dh, dw) = g.stride, g.dilation
+        return (oh - 1) * sh + (g.kh - 1) * dh + 1, (self.ow_padded - 1) * sw + (g.kw - 1) * dw + 1
+
+    @property
+    def acc_shape(self) -> tuple:
+        """The int32 accumulators: (N, Ho, Wo, C in whole vectors) for depthwise, else per
+        group and output block, each row padded to whole tiles (N, G, OB, Ho, Wo padded, NR)."""
+        g, (oh, ow) = self.g, self.g.out_hw
+        if self.depthwise:
+            return (g.n, oh, ow, self.packed_shape[-1])
+        return (g.n, g.groups, self.op // self.kern.nr, oh, self.ow_padded, self.kern.nr)
+
+    @property
+    def weight_shape(self) -> tuple:
+        g = self.g
+        if self.depthwise:
+            return (g.kh, g.kw, ceil_to(g.c, DEPTHWISE_LANES))
+        if self.group > 1:
+            gk = self.group
+            return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp // gk, self.kern.nr, gk)
+        return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp, self.kern.nr)
+
+    @property
+    def bias_shape(self) -> tuple:
+        return (self.g.groups, self.g.og)
+
+
+def data_shift(plan: Int8Plan, dtype: str) -> int:
+    """What the pack adds to `dtype` data so a raw-8-bit tile can take it: uint8 - 128 for sdot's
+    int8, int8 + 128 for vpdpbusd's uint8; 0 where the dtype already fits (or the pack widens)."""
+    if not plan.dot or dtype == plan.packed_dtype:
+        return 0
+    return -128 if dtype == "uint8" else 128
+
+
+def weight_shift(dtype: str) -> int:
+    """What turns weights of `dtype` into the int8 a raw-8-bit tile takes: uint8 - 128."""
+    return 128 if dtype == "uint8" else 0
+
+
+def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) -> tuple:
+    """OIHW int8/uint8 (or int16, zero point already out) -> the packed weight arrays:
+    (kernel_vec,) with int16 w - zp_w; for the raw-8-bit tiles (int8 kernel_vec, int32 bias),
+    where weights and zp_w are shifted to int8 and bias = -zp_x8 * sum w + K * zp_x8 * zp_w
+    (zp_x8: the data's zero point as the tile sees it, after data_shift)."""
+    g = plan.g
+    if plan.dot:
+        shift = weight_shift(str(weight.dtype))
+        w8 = (weight.astype(np.int16) - shift).astype(np.int8)
+        zw8 = zp_w - shift
+        k = g.cg * g.kh * g.kw
+        sums = w8.astype(np.int64).reshape(g.o, -1).sum(axis=1)
+        bias = (-zp_x8 * sums + k * zp_x8 * zw8).astype(np.int32).reshape(plan.bias_shape)
+        return _pack_gemm_weights(plan, w8, np.int8), bias
+    w = weight.astype(np.int16) - np.int16(zp_w)
+    if plan.depthwise:
+        out = np.zeros(plan.weight_shape, np.int16)
+        out[:, :, : g.c] = w[:, 0].transpose(1, 2, 0)
+        return (out,)
+    return (_pack_gemm_weights(plan, w, np.int16),)
+
+
+def _pack_gemm_weights(plan: Int8Plan, w: np.ndarray, dtype) -> np.ndarray:
+    g, nr = plan.g, plan.kern.nr
+    # (G, og, cg, KH, KW) -> (G, og_padded, KH, KW, cg) -> blocks of NR output channels
+    wg = w.reshape(g.groups, g.og, g.cg, g.kh, g.kw).transpose(0, 1, 3, 4, 2)
+    full = np.zeros((g.groups, plan.op, g.kh, g.kw, plan.cp), dtype)
+    full[:, : g.og, :, :, : g.cg] = wg
+    blocks = full.reshape(g.groups, plan.op // nr, nr, g.kh, g.kw, plan.cp)
+    if plan.group > 1:  # channels in groups of G innermost, as sdot / vpdpbusd / vpmaddwd multiply them
+        gk = plan.group
+        blocks = blocks.reshape(*blocks.shape[:5], plan.cp // gk, gk).transpose(0, 1, 3, 4, 5, 2, 6)
+    else:
+        blocks = blocks.transpose(0, 1, 3, 4, 5, 2)
+    return np.ascontiguousarray(blocks)
+
+
+def _header(plan: Int8Plan, dtype: str) -> list[str]:
+    """The entry function of either path, with the packed input P and the int32 accumulators.
+    Arguments: data, packed weights, [Bias (G, O/G) int32], [M (O,) float32 multipliers], Out."""
+    requant = plan.output_dtype != "int32"
+    L = header([buffer("D", plan.data_shape, dtype), buffer("Wv", plan.weight_shape, plan.weight_dtype),
+                *([buffer("Bias", plan.bias_shape, "int32")] if plan.bias else []),
+                *([buffer("M", (plan.g.o,), "float32")] if requant else []),
+                buffer("Out", plan.out_shape, plan.output_dtype)])
+    return L + [f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')",
+                f"    Acc = T.alloc_buffer({plan.acc_shape}, 'int32')"]
+
+
+def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    """The pack stage into `plan.packed_shape`."""
+    g = plan.g
+    top, left = g.pad[0], g.pad[1]
+    conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
+    if plan.packed_shape[-1] != (g.c if plan.depthwise else g.cg):
+        conds.insert(0, f"vc < {g.c if plan.depthwise else g.cg}")
+    chan = "vc" if plan.depthwise else f"vg * {g.cg} + vc"
+    x = f"D[vn, {chan}, vy - {top}, vx - {left}]"
+    if plan.dot:
+        # 8-bit as the tile takes it (data_shift); a padded pixel holds the zero point, a padded
+        # channel 0 (it must add nothing to the window sums either).
+        shift, dt = data_shift(plan, dtype), plan.packed_dtype
+        value = f"T.Cast('{dt}', T.Cast('int16', {x}) + T.int16({shift}))" if shift else x
+        pixel = [c for c in conds if not c.startswith("vc")]
+        value = f"T.if_then_else({' and '.join(pixel)}, {value}, T.{dt}({zp + shift}))"
+        conds, zero = conds[:1] if conds[0].startswith("vc") else ["True"], f"T.{dt}(0)"
+    else:
+        value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+        zero = "T.int16(0)"
+    names = "nyxc" if plan.depthwise else "ngyxc"
+    return padded_pack(4, "P", list(zip(names, plan.packed_shape)), " and ".join(conds), value, zero)
+
+
+def _tile_iters(plan: Int8Plan, columns: list[str]) -> list[str]:
+    """A tile block's spatial iterators; `columns` bind its output columns (vm, and vx0). With
+    `parallel` (x86) the rows of every image, group and output block are one parallel loop, f."""
+    if plan.parallel:
+        g, oh = plan.g, plan.g.out_hw[0]
+        ob = plan.op // plan.kern.nr
+        rows = [f"vn = T.axis.spatial({g.n}, f // {g.groups * ob * oh})",
+                f"vg = T.axis.spatial({g.groups}, f // {ob * oh} % {g.groups})",
+                f"vob = T.axis.spatial({ob}, f // {oh} % {ob})", f"vy = T.axis.spatial({oh}, f % {oh})"]
+    else:
+        rows = ["vn, vg, vob, vy = T.axis.remap('SSSS', [n, g, o, y])"]
+    return [*rows, *columns, f"vj = T.axis.spatial({plan.kern.nr}, j)"]
+
+
+def _acc(x0: str) -> str:
+    return f"Acc[vn, vg, vob, vy, {x0} + vm, vj]"
+
+
+def _conv_block(plan: Int8Plan, tile: IntConvTile, columns: list[str], x0: str, init: list[str]) -> list[str]:
+    """The tile's whole reduction, block 'conv', inside the loop over tiles (tt); `x0` is the
+    tile's first column as the block sees it, `init` what the block zeroes Acc with."""
+    sh, sw = plan.g.stride
+    axes = tile.reduce_axes()
+    v = {a: f"v{a}" for a, _ in axes} | {"m": "vm", "j": "vj"}
+    row, col, ch = tile.a_index(v)
+    loops = ["m", "j"] + [a for a, _ in axes]
+    extents = [plan.kern.mr, plan.kern.nr] + [e for _, e in axes]
+    body = [*_tile_iters(plan, columns), *(f"v{a} = T.axis.reduce({e}, {a})" for a, e in axes), *init,
+            f"{_acc(x0)} = {_acc(x0)} + T.Cast('int32', P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}])"
+            f" * T.Cast('int32', Wv[vg, vob, {', '.join(tile.b_index(v))}])"]
+    return [f"        for {', '.join(loops)} in T.grid({', '.join(map(str, extents))}):",
+            "            with T.sblock('conv'):", *(f"                {line}" for line in body)]
+
+
+def _tensorized_tile(plan: Int8Plan, tile: IntConvTile) -> list[str]:
+    """The tile as the intrinsic matches it. Its first column is an iterator of its own, so the
+    inner bindings after blockize are exactly the description's m (not tt * MR + m). TIR's
+    decompose_reduction refuses such a binding, so the zeroing is a block of its own, ahead."""
+    mr, nr = plan.kern.mr, plan.kern.nr
+    columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
+    return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('zero'):",
+            *(f"                {line}" for line in _tile_iters(plan, columns)), f"                {_acc('vx0')} = 0",
+            *_conv_block(plan, tile, columns, "vx0", [])]
+
+
+def _vectorized_tile(plan: Int8Plan, tile: IntConvTile) -> list[str]:
+    """The same tile as one reduction block with its init, which `build` reorders and vectorizes:
+    TIR vectorizes a reduction only in a block that has its init."""
+    columns = [f"vm = T.axis.spatial({plan.ow_padded}, tt * {plan.kern.mr} + m)"]
+    return _conv_block(plan, tile, columns, "0", ["with T.init():", f"    {_acc('0')} = 0"])
+
+
+def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0) -> tuple[list[str], IntConvTile]:
+    """The GEMM path, with `tile_blocks(plan, tile)` (`_tensorized_tile` or `_vectorized_tile`)
+    for the blocks of one tile of MR pixels x NR output channels.
+    zw8: for sdot, the weights' zero point shifted to int8 (used in the expansion)."""
+    g, kern = plan.g, plan.kern
+    mr, nr, cp = kern.mr, kern.nr, plan.cp
+    oh, ow = g.out_hw
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    owp, ob = plan.ow_padded, plan.op // nr
+    tile = IntConvTile(kern, g.kh, g.kw, cp, sw, dh, dw)
+    L = _header(plan, dtype)
+    if plan.dot and plan.windows:
+        L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
+    L += _render_pack(plan, dtype, zp)
+    if plan.parallel:
+        # Tiles of one (image, group, output block, row) share nothing with another's: a task
+        # each. Rendered here, as TIR's parallel() refuses a loop over the tensorized blocks.
+        L.append(f"    for f in T.parallel({g.n * g.groups * ob * oh}):")
+        L.append(f"      for tt in T.serial({owp // mr}):")
+    else:
+        L.append(f"    for n, g, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):")
+    L += tile_blocks(plan, tile)
+    out = f"Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]"
+    if plan.dot and plan.windows:
+        # sum x over each output pixel's window, for the -zw * sum x term of the expansion
+        L += [
+            f"    for n, g, y, x, r, s, c in T.grid({g.n}, {g.groups}, {oh}, {ow}, {g.kh}, {g.kw}, {cp}):",
+            "        with T.sblock('winsum'):",
+            "            vn, vg, vy, vx, vr, vs, vc = T.axis.remap('SSSSRRR', [n, g, y, x, r, s, c])",
+            "            with T.init():",
+            "                WS[vn, vg, vy, vx] = 0",
+            f"            WS[vn, vg, vy, vx] = WS[vn, vg, vy, vx] + T.Cast('int32', P[vn, vg, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc])",
+        ]
+        out += f" - T.int32({zw8}) * WS[vn, vo // {g.og}, vy, vx]"
+    L += [
+        f"    for n, o, y, x in T.grid({g.n}, {g.o}, {oh}, {ow}):",
+        "        with T.sblock('unpack'):",
+        "            vn, vo, vy, vx = T.axis.remap('SSSS', [n, o, y, x])",
+        f"            Out[vn, vo, vy, vx] = {_output(plan, out, 'vo')}",
+    ]
+    return L, tile
+
+
+def _output(plan: Int8Plan, acc: str, o: str) -> str:
+    """TVMScript of the output element from its accumulator `acc` (output channel `o`): + Bias,
+    then as Quantization says (int32 as is; 8-bit requantized: round half to even, + zero point,
+    saturate, clamped before the conversion so it stays in range; float32 dequantized)."""
+    og = plan.g.og
+    if plan.bias:
+        acc = f"{acc} + Bias[{o} // {og}, {o} % {og}]"
+    out = plan.output_dtype
+    if out == "int32":
+        return f"T.max({acc}, T.int32(0))" if plan.activation == "relu" else acc
+    real = f"T.Cast('float32', {acc}) * M[{o}]"
+    if out == "float32":
+        return f"T.max({real}, T.float32(0))" if plan.activation == "relu" else real
+    lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[out]
+    zp = plan.zp_out
+    if plan.activation == "relu":
+        lo = max(lo, zp)
+    clamped = f"T.max(T.min(T.round({real}), T.float32({hi - zp})), T.float32({lo - zp}))"
+    return f"T.Cast('{out}', T.Cast('int32', {clamped}) + T.int32({zp}))"
+
+
+def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    g = plan.g
+    oh, ow = g.out_hw
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    cp = plan.packed_shape[-1]
+    L = _header(plan, dtype) + _render_pack(plan, dtype, zp)
+    L += [
+        f"    for n, y, x, c, r, s in T.grid({g.n}, {oh}, {ow}, {cp}, {g.kh}, {g.kw}):",
+        "        with T.sblock('conv'):",
+        "            vn, vy, vx, vc, vr, vs = T.axis.remap('SSSSRR', [n, y, x, c, r, s])",
+        "            with T.init():",
+        "                Acc[vn, vy, vx, vc] = 0",
+        "            Acc[vn, vy, vx, vc] = Acc[vn, vy, vx, vc] + "
+        f"T.Cast('int32', P[vn, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc]) * T.Cast('int32', Wv[vr, vs, vc])",
+        f"    for n, c, y, x in T.grid({g.n}, {g.c}, {oh}, {ow}):",
+        "        with T.sblock('unpack'):",
+        "            vn, vc, vy, vx = T.axis.remap('SSSS', [n, c, y, x])",
+        f"            Out[vn, vc, vy, vx] = {_output(plan, 'Acc[vn, vy, vx, vc]', 'vc')}",
+    ]
+    return L
+
+
+def is_depthwise(g: Geometry) -> bool:
+    """Depthwise with one output channel per input channel: what the lane-wise kernel computes
+    (a channel multiplier goes through the GEMM path)."""
+    return g.depthwise and g.o == g.c
+
+
+def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geometry | None = None):
+    """The tile a conv runs on. ARM: the ISA's default, except on the dotprod core for int16
+    (legalized) data, which sdot cannot take, and for depthwise layers, whose channels-in-lanes
+    path is an s16 MAC: both use AArch64's int16 tile. x86: the ISA's tile (vpdpbusd on the VNNI
+    ISAs, vpmaddwd on AVX-512 / AVX2), int16 data and depthwise layers on the vpmaddwd tile of the
+    same width, shaped for the layer `g` (x86_tile)."""
+    if isa.arch != "x86":
+        if isa.name == "aarch64dot" and (dtype == "int16" or depthwise):
+            return default_mac_kernel("aarch64")
+        return default_mac_kernel(isa.name)
+    if (dtype == "int16" or depthwise) and isa.name not in (AVX512.name, AVX2.name):
+        isa = AVX512 if isa.vector_bits == 512 else AVX2
+    mr, nr = x86_tile(isa, g)
+    return IntGemmKernel(isa, mr, nr)
+
+
+def x86_tile(isa: Isa, g: Geometry | None) -> tuple[int, int]:
+    """(MR, NR) for a layer: of the tiles the register budget allows (MR <= 16), the one with the
+    fewest cycles per useful output: a K step issues MR * NR/lanes multiplies and MR + NR/lanes
+    loads (broadcasts of A, rows of B), two of each per cycle on the cores we know, so it takes
+    max(multiplies, loads) / 2; times the padding of the output row (to whole MR) and of the
+    group's output channels (to whole NR). Ties: the most accumulators."""
+    if g is None:
+        from microkernels.int_gemm import DEFAULT_TILES
+
+        return DEFAULT_TILES[isa.name]
+    ow, og = g.out_hw[1], g.og
+    cands = [(mr, nr) for mr, nr in x86_int_tiles(isa, 4 * isa.lanes)
+             if mr <= 16 and nr <= ceil_to(og, isa.lanes)]
+
+    def cost(t):
+        mr, nr = t
+        nv = nr // isa.lanes
+        step = max(mr * nv, mr + nv) / (mr * nv)
+        waste = ceil_to(ow, mr) / ow * ceil_to(og, nr) / og
+        return round(step * waste, 3), -mr * nr, -nr
+
+    return min(cands, key=cost)
+
+
+def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int = 0, weight_dtype: str = "int8",
+          output: dict | None = None):
+    """(IRModule after scheduling, plan). tensorize=False vectorizes the same tiling instead: the
+    'LLVM chooses the instructions' baseline of `bench arm`. output: Int8Plan's output fields
+    (output_dtype, bias, activation, zp_out). On x86 every stage runs on all threads."""
+    depthwise = is_depthwise(g)
+    zw8 = zp_w - weight_shift(weight_dtype)
+    parallel = isa.arch == "x86"
+    plan = Int8Plan(g, conv_kernel(isa, dtype, depthwise, g), depthwise, **(output or {}), windows=zw8 != 0,
+                    parallel=parallel)
+    if plan.dot:
+        plan = dataclasses.replace(plan, bias=True)  # the expansion's per-channel terms
+    if depthwise:
+        sch = s_tir.Schedule(parse(_render_depthwise(plan, dtype, zp_x)))
+        blk = sch.get_sblock("conv")
+        n, y, x, c, r, s = sch.get_loops(blk)
+        co, ci = sch.split(c, [None, DEPTHWISE_LANES])
+        # Taps outside the lanes: the 8 accumulators of a pixel stay in one register pair
+        # across all KH*KW taps, and each tap is one widening MAC over 8 channels.
+        sch.reorder(co, r, s, ci)
+        sch.vectorize(ci)
+        if parallel:  # before the init block is split off: parallel() takes a whole reduction block
+            sch.parallel(sch.fuse(n, y))
+            _parallel_stages(sch, plan)
+        init = sch.decompose_reduction(blk, r)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch.mod, plan
+    text, tile = _render_gemm(plan, dtype, zp_x, _tensorized_tile if tensorize else _vectorized_tile, zw8)
+    sch = s_tir.Schedule(parse(text))
+    blk = sch.get_sblock("conv")
+    loops = sch.get_loops(blk)
+    outer = 2 if parallel else 5
+    m, j, red = loops[outer], loops[outer + 1], loops[outer + 2:]
+    if tensorize:
+        sch.vectorize(sch.get_loops(sch.get_sblock("zero"))[-1])
+        sch.tensorize(m, register_int_conv(tile))
+    else:
+        # Same tiling with the reduction outside and the tile's MR x NR accumulators inside,
+        # NR vectorized: what a good TIR schedule gets from LLVM without a hand-written kernel.
+        sch.reorder(*red, m, j)
+        sch.unroll(m)
+        sch.vectorize(j)
+        init = sch.decompose_reduction(blk, red[0])
+        sch.vectorize(sch.get_loops(init)[-1])
+    if parallel:
+        _parallel_stages(sch, plan)
+    return sch.mod, plan
+
+
+def _parallel_stages(sch, plan: Int8Plan) -> None:
+    """The pack and the unpack on all threads. The unpack transposes: it walks NR output channels
+    of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
+    NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
+    outer = sch.get_loops(sch.get_sblock("pack"))
+    sch.parallel(sch.fuse(*outer[:2]))
+    n, o, y, x = sch.get_loops(sch.get_sblock("unpack"))
+    oo, oi = sch.split(o, [None, plan.kern.nr])
+    sch.reorder(n, oo, y, oi, x)
+    sch.parallel(sch.fuse(n, oo))
+    ow = plan.g.out_hw[1]
+    lanes = next((v for v in (16, 8, 4) if ow % v == 0), None)
+    if lanes:
+        sch.vectorize(sch.split(x, [None, lanes])[1])
+
+
+class Int8Conv2dOp:
+    """A compiled quantized conv2d. op(data, weight, bias=None) -> NCHW output (int32
+    accumulators, or requantized / dequantized as the Quantization says), run under qemu-user
+    on ARM and natively (or on the Bochs CPU, emulate=True) on x86. `op.pack_weights(weight)`
+    packs the weights once (a tuple: kernel_vec, plus the per-channel terms on the raw-8-bit
+    tiles); `op.run_packed(data, packed, bias=None)` then skips that. `op.asm` is the assembly,
+    `op.plan` a dict saying which tile runs and why."""
+
+    def __init__(self, g, isa: Isa, lib, plan: Int8Plan, quant: Quantization, zp_x: int, zp_w: int,
+                 threads: int | None = None, emulate: bool = False):
+        self.geometry, self.isa, self.lib, self.plan, self.quant = g, isa, lib, plan, quant
+        self.dtype, self.weight_dtype, self.zp_x, self.zp_w = quant.dtype, quant.weight_dtype, zp_x, zp_w
+        self.threads, self.emulate = threads, emulate
+        self.multipliers = quant.multipliers(g.o) if quant.requantizes else None
+
+    @property
+    def asm(self) -> str:
+        return self.lib.mod.inspect_source("asm")
+
+    def build(self) -> "Int8Conv2dOp":  # dispatch.schedule's interface: already compiled
+        return self
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.plan.out_shape
+
+    @property
+    def kernel(self):
+        return self.plan.kern
+
+    def _check_legalized(self, name: str, arr: np.ndarray) -> None:
+        # int16 inputs come from the legalize pass, already x - zp: the exactness bound (and the
+        # meaning of the result) holds only while they stay within what 8-bit data can produce.
+        if arr.dtype == np.int16 and arr.size and np.abs(arr.astype(np.int32)).max() > 255:
+            raise ValueError(f"int16 {name} must lie in [-255, 255] (8-bit values minus a zero point), "
+                             f"got magnitude {np.abs(arr.astype(np.int32)).max()}")
+
+    def pack_weights(self, weight: np.ndarray) -> tuple:
+        g = self.geometry
+        check_array("weight", weight, (g.o, g.cg, g.kh, g.kw), self.weight_dtype)
+        self._check_legalized("weight", weight)
+        return pack_weights(self.plan, weight, self.zp_w, self.zp_x + data_shift(self.plan, self.dtype))
+
+    def run_packed(self, data: np.ndarray, packed: tuple, bias: np.ndarray | None = None) -> np.ndarray:
+        plan = self.plan
+        check_array("data", data, plan.data_shape, self.dtype)
+        specs = [(plan.weight_shape, plan.weight_dtype)] + ([(plan.bias_shape, "int32")] if plan.dot else [])
+        if not isinstance(packed, tuple) or len(packed) != len(specs):
+            raise TypeError(f"packed must be the tuple of {len(specs)} array(s) that op.pack_weights returns")
+        for i, (arr, (shape, dt)) in enumerate(zip(packed, specs)):
+            check_array(f"packed[{i}]", arr, shape, dt)
+        self._check_legalized("data", data)
+        args = [data, *self._arguments(packed, bias)]
+        if self.isa.arch != "x86":
+            return qemu.run(self.lib, self.isa.arch, args, [len(args) - 1])[0]
+        if self.emulate:
+            return bochs.run(self.lib, [np.ascontiguousarray(a) for a in args], [len(args) - 1])[0]
+        set_threads(self.threads)
+        tensors = [tvm.runtime.tensor(a) for a in args]
+        self.lib(*tensors)
+        return tensors[-1].numpy()
+
+    def _arguments(self, packed: tuple, bias: np.ndarray | None) -> list[np.ndarray]:
+        """The compiled function's arguments after the data: packed weights, the per-channel
+        int32 terms (the expansion's plus the user's bias), the multipliers, the output."""
+        plan, g = self.plan, self.geometry
+        args = [packed[0]]
+        if plan.bias:
+            total = packed[1].astype(np.int64) if plan.dot else np.zeros(plan.bias_shape, np.int64)
+            if bias is not None:
+                check_array("bias", bias, (g.o,), "int32")
+                total = total + bias.astype(np.int64).reshape(plan.bias_shape)
+            if np.abs(total).max(initial=0) > 2**31 - 1:
+                raise ValueError("bias plus the zero-point terms overflows int32")
+            args.append(total.astype(np.int32))
+        elif bias is not None:
+            raise TypeError("this op was compiled without bias (conv2d(..., bias=True) takes one)")
+        if self.multipliers is not None:
+            args.append(self.multipliers)
+        args.append(np.zeros(self.out_shape, plan.output_dtype))
+        return args
+
+    def __call__(self, data: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        return self.run_packed(data, self.pack_weights(weight), bias)
+
+    def bind(self, weight: np.ndarray, bias: np.ndarray | None = None):
+        """Pack `weight` (and fold `bias` with the zero-point terms) once, into TVM tensors; the
+        result is f(data) -> output, which only checks and wraps the data. x86, not emulated."""
+        if self.isa.arch != "x86" or self.emulate:
+            raise ValueError("bind() runs the layer natively on x86; use op(data, weight) here")
+        packed = self.pack_weights(weight)
+        args = self._arguments(packed, bias)
+        fixed = [tvm.runtime.tensor(a) for a in args]
+        plan = self.plan
+
+        def run(data: np.ndarray) -> np.ndarray:
+            check_array("data", data, plan.data_shape, self.dtype)
+            self._check_legalized("data", data)
+            set_threads(self.threads)
+            self.lib(tvm.runtime.tensor(data), *fixed)
+            return fixed[-1].numpy()
+
+        return run
+
+
+def schedule(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_POST_OPS,
+             threads: int | None = None, emulate: bool = False) -> Int8Conv2dOp:
+    """The layer compiled (what conv2d returns for a quantized layer; compiling is cheap). ARM
+    ops run under qemu, x86 ones natively or, with emulate, on the Bochs CPU."""
+    dtype, weight_dtype = quant.dtype, quant.weight_dtype
+    for name, dt in (("dtype", dtype), ("weight_dtype", weight_dtype)):
+        if dt not in ZERO_POINT_RANGE:
+            raise ValueError(f"{name} {dt!r} is not supported on {isa.name} targets; "
+                             f"use 'int8' or 'uint8' (or 'int16' for legalized, zero-point-free data)")
+    if (dtype == "int16") != (weight_dtype == "int16"):
+        raise ValueError(f"dtype {dtype!r} with weight_dtype {weight_dtype!r}: int16 is the legalized, "
+                         "zero-point-free form, for data and weights together")
+    zp_x = zero_point("input_zero_point", quant.input_zero_point, dtype)
+    zp_w = zero_point("weight_zero_point", quant.weight_zero_point, weight_dtype)
+    if post_ops.residual:
+        raise ValueError("a fused residual is not available on the quantized conv2d yet; add it after the layer")
+    if post_ops.activation == "clip":
+        raise ValueError("activation 'clip' is not available on the quantized conv2d; a requantized output "
+                         "saturates to its dtype, and 'relu' raises the lower bound to the output zero point")
+    if quant.requantizes:
+        quant.multipliers(g.o)  # the per-channel count and float32 range, before compiling
+    k = g.cg * g.kh * g.kw
+    kern = conv_kernel(isa, dtype, is_depthwise(g), g)
+    if k > MAX_K:
+        raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K}, the longest sum of "
+                         f"8-bit products (each up to {MAX_PRODUCT}) that int32 holds exactly")
+    if kernel_group(kern) == 4 and not is_depthwise(g):
+        bound, what = ((MAX_K_VNNI, "vpdpbusd expansion (four terms, each up to 255*128*K)")
+                       if isinstance(kern, IntGemmKernel) else (MAX_K_DOT, "sdot expansion (four terms, each up to 128*128*K)"))
+        if k > bound:
+            raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {bound}, the longest the {what} keeps "
+                             "exact in int32")
+    output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
+              "zp_out": quant.output_zero_point}
+    sizes = Int8Plan(g, kern, is_depthwise(g))
+    check_elements(packed_input=sizes.packed_shape, packed_weight=sizes.weight_shape, accumulators=sizes.acc_shape)
+    mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype, output=output)
+    lib = tvm.compile(mod, target=int_target(plan.kern.isa) if isa.arch == "x86" else isa.target)
+    return Int8Conv2dOp(g, isa, lib, plan, quant, zp_x, zp_w, threads, emulate)

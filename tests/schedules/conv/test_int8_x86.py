@@ -1,0 +1,201 @@
+"""schedules.conv2d quantized on x86 (dtype uint8/int8): the VNNI tile (vpdpbusd) and the int16
+upcast (vpmaddwd) bit-exact against an int64 reference, natively or on the Bochs CPU, over
+strides, dilations, paddings, groups, depthwise, odd channel counts and batches; the requantized
+outputs bit-exact against ONNX's rule written in numpy; and every refusal.
+
+Coverage by host: x86-avx512vnni, x86-avx512 and x86-avx2 run on every host (natively or on
+Bochs). x86-avxvnni runs only where the host has avx_vnni (Bochs lacks it): elsewhere those
+cases are skipped, saying so, and its tile's numerics are covered at the kernel level
+(tests/intrinsics/test_int_gemm.py, through its AVX-512 stand-in)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedules
+from microkernels import X86_INT_ISAS
+from schedules.conv.int8 import MAX_K_VNNI
+
+from ... import conv_reference
+from ...testers.int_gemm import requantize
+from ...x86_exec import emulated
+
+TARGETS = ["x86-avx512vnni", "x86-avxvnni", "x86-avx512", "x86-avx2"]
+RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def _run_args(target):
+    """conv2d's emulate= for `target`, or a skip where nothing here can run it."""
+    isa = X86_INT_ISAS[target.removeprefix("x86-")]
+    if not emulated(isa):
+        return {"emulate": False}
+    if isa.name == "avxvnni":
+        pytest.skip("this host has no avx_vnni and the Bochs CPU lacks it: the AVX-VNNI conv2d cannot run here")
+    return {"emulate": True}
+
+
+def _values(rng, dtype, shape):
+    lo, hi = RANGE[dtype]
+    return rng.integers(lo, hi + 1, shape).astype(dtype)
+
+
+@st.composite
+def layers(draw):
+    groups = draw(st.sampled_from([1, 1, 1, 2, 3, "dw"]))
+    cg = draw(st.integers(1, 12))
+    c = cg if groups == "dw" else cg * groups
+    og = 1 if groups == "dw" else draw(st.integers(1, 20))
+    g = c if groups == "dw" else groups
+    if groups == "dw":
+        cg = 1
+    k = draw(st.sampled_from([1, 3, 5]))
+    stride, dilation = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 1, 2]))
+    pad = draw(st.integers(0, k // 2 * dilation))
+    span = (k - 1) * dilation + 1
+    h, w = draw(st.integers(max(1, span - 2 * pad), 12)), draw(st.integers(max(1, span - 2 * pad), 17))
+    n = draw(st.sampled_from([1, 1, 2]))
+    return dict(x=(n, c, h, w), w=(og * g, cg, k, k), stride=stride, padding=pad, dilation=dilation, groups=g)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_int32_accumulators_match_numpy_exactly(target, dtype):
+    run = _run_args(target)
+
+    @settings(max_examples=8, deadline=None)
+    @given(layers(), st.integers(0, 2**32 - 1), st.booleans())
+    def check(layer, seed, zero_zp):
+        rng = np.random.default_rng(seed)
+        lo, hi = RANGE[dtype]
+        zp_x = 0 if zero_zp else int(rng.integers(lo, hi + 1))
+        zp_w = 0 if zero_zp or rng.random() < 0.5 else int(rng.integers(-128, 128))
+        op = schedules.conv2d(layer["x"], layer["w"], layer["stride"], layer["padding"], layer["dilation"],
+                              layer["groups"], dtype=dtype, target=target, input_zero_point=zp_x,
+                              weight_zero_point=zp_w, **run)
+        x, w = _values(rng, dtype, layer["x"]), _values(rng, "int8", layer["w"])
+        want = conv_reference.qconv2d(x, w, zp_x, zp_w, layer["stride"], layer["padding"], layer["dilation"],
+                                      layer["groups"])
+        got = op(x, w)
+        assert got.dtype == np.int32 and got.shape == want.shape
+        bad = got != want
+        assert not bad.any(), f"{bad.sum()} of {got.size} differ ({op.plan.why}); first {np.argwhere(bad)[0]}"
+
+    check()
+
+
+@pytest.mark.parametrize("target", ["x86-avx512vnni", "x86-avx2"])
+def test_extreme_values_at_the_vnni_exactness_bound(target):
+    """All-255 data against all +127 / -128 weights (uint8 x int8's largest products), the
+    reduction as long as the VNNI expansion keeps exact (C*KH*KW = MAX_K_VNNI - a little), zero
+    points at the ends of their ranges: every term at its largest, no overflow, no saturation."""
+    run = _run_args(target)
+    c = MAX_K_VNNI // 9 - 1
+    op = schedules.conv2d((1, c, 3, 3), (16, c, 3, 3), padding=1, dtype="uint8", target=target,
+                          input_zero_point=0, weight_zero_point=0, **run)
+    x = np.full((1, c, 3, 3), 255, np.uint8)
+    w = np.where(np.arange(16)[:, None, None, None] % 2 == 0, np.int8(127), np.int8(-128)) * np.ones((1, c, 3, 3), np.int8)
+    want = conv_reference.qconv2d(x, w, 0, 0, 1, 1, 1, 1)
+    assert want.max() > 2**28 and want.min() < -2**28
+    np.testing.assert_array_equal(op(x, w), want)
+
+
+def test_reduction_beyond_the_vnni_bound_is_refused():
+    c = MAX_K_VNNI // 9 + 1
+    with pytest.raises(ValueError, match=f"exceeds {MAX_K_VNNI}, the longest the vpdpbusd expansion"):
+        schedules.conv2d((1, c, 3, 3), (16, c, 3, 3), dtype="uint8", target="x86-avx512vnni")
+
+
+@pytest.mark.parametrize("target", ["x86-avx512vnni", "x86-avx512", "x86-avx2", "x86-avxvnni"])
+@pytest.mark.parametrize("out", ["uint8", "int8", "float32"])
+def test_requantized_output_is_onnx_rounding_bit_for_bit(target, out):
+    """Per-channel weight scales, a bias, an output zero point: saturate(round_half_even(
+    float32(acc + bias) * m[o]) + zp) with m[o] = sx * sw[o] / sy in float32 (float32: no
+    rounding, m = sx * sw[o]); outputs reach both bounds; ReLU raises the lower bound to zp."""
+    run = _run_args(target)
+    rng = np.random.default_rng(5)
+    x_shape, w_shape = (2, 19, 9, 10), (37, 19, 3, 3)
+    sx, sy = 0.02, 0.05
+    sw = (10.0 ** rng.uniform(-3, -1.5, 37)).astype(np.float32)
+    x, w = _values(rng, "uint8", x_shape), _values(rng, "int8", w_shape)
+    bias = rng.integers(-3000, 3000, 37).astype(np.int32)
+    for relu in (False, True):
+        q = dict(input_scale=sx, weight_scale=sw, output_zero_point=0) if out == "float32" else \
+            dict(input_scale=sx, weight_scale=sw, output_scale=sy, output_zero_point=-3 if out == "int8" else 131)
+        op = schedules.conv2d(x_shape, w_shape, padding=1, dtype="uint8", target=target, input_zero_point=9,
+                              output_dtype=out, bias=True, activation="relu" if relu else None, **q, **run)
+        acc = conv_reference.qconv2d(x, w, 9, 0, 1, 1, 1, 1) + bias[None, :, None, None]
+        m = np.float32(sx) * sw
+        if out != "float32":
+            m = m / np.float32(sy)
+        zp = q["output_zero_point"]
+        lo, hi = {"uint8": (0, 255), "int8": (-128, 127), "float32": (0, 0)}[out]
+        want = requantize(acc, np.int32(0), m[None, :, None, None], zp, max(lo, zp) if relu else lo, hi, out)
+        if out == "float32" and relu:
+            want = np.maximum(want, np.float32(0))
+        got = op(x, w, bias)
+        assert got.dtype == np.dtype(out)
+        np.testing.assert_array_equal(got, want)
+        if out != "float32":
+            assert got.min() == (max(lo, zp) if relu else lo) and got.max() == hi, "the data did not saturate"
+
+
+def test_ties_round_to_even_in_the_requantized_output():
+    """m = 0.5 and a bias making acc odd: every output lies on a .5 and must go to the even side."""
+    op = schedules.conv2d((1, 4, 1, 1), (8, 4, 1, 1), dtype="uint8", target="x86-avx512vnni", output_dtype="int8",
+                          input_scale=1.0, weight_scale=0.5, output_scale=1.0, bias=True,
+                          **_run_args("x86-avx512vnni"))
+    x = np.zeros((1, 4, 1, 1), np.uint8)
+    w = np.zeros((8, 4, 1, 1), np.int8)
+    bias = np.array([1, 3, 5, 7, -1, -3, -5, -7], np.int32)
+    assert op(x, w, bias).reshape(-1).tolist() == [0, 2, 2, 4, 0, -2, -2, -4]
+
+
+def test_plan_says_which_tile_and_why():
+    vnni = schedules.conv2d((1, 64, 14, 14), (64, 64, 3, 3), padding=1, dtype="uint8", target="x86-avx512vnni",
+                            **_run_args("x86-avx512vnni"))
+    assert "vpdpbusd" in vnni.plan.why and vnni.plan.kern.op == "u8s8"
+    up = schedules.conv2d((1, 64, 14, 14), (64, 64, 3, 3), padding=1, dtype="uint8", target="x86-avx2",
+                          **_run_args("x86-avx2"))
+    assert "vpmaddwd" in up.plan.why and up.plan.kern.op == "s16"
+    dw = schedules.conv2d((1, 32, 14, 14), (32, 1, 3, 3), padding=1, groups=32, dtype="uint8",
+                          target="x86-avx512vnni", **_run_args("x86-avx512vnni"))
+    assert dw.plan.depthwise and "depthwise" in dw.plan.why
+    native = schedules.conv2d((1, 8, 5, 5), (8, 8, 3, 3), dtype="uint8")
+    best = next(i for i in X86_INT_ISAS.values() if i.host_supports())
+    assert native.plan.kern.isa.name in (best.name, "avx512" if best.vector_bits == 512 else "avx2")
+
+
+@pytest.mark.parametrize("kwargs, err, msg", [
+    (dict(output_dtype="uint8", input_scale=0.1, weight_scale=0.1), ValueError, "output_scale is missing"),
+    (dict(output_dtype="uint8", input_scale=0.1, weight_scale=float("nan"), output_scale=0.1), ValueError,
+     "weight_scale must be finite, positive"),
+    (dict(output_dtype="uint8", input_scale=-1.0, weight_scale=0.1, output_scale=0.1), ValueError,
+     "input_scale must be finite, positive"),
+    (dict(output_dtype="int32", input_scale=0.1), ValueError, "input_scale does not apply to output_dtype 'int32'"),
+    (dict(output_dtype="float16"), ValueError, "output_dtype must be one of"),
+    (dict(output_dtype="uint8", input_scale=0.1, weight_scale=[0.1, 0.2], output_scale=0.1), ValueError,
+     "weight_scale has 2 values; give one, or one per output channel"),
+    (dict(output_dtype="uint8", input_scale=0.1, weight_scale=0.1, output_scale=0.1, output_zero_point=300),
+     ValueError, r"output_zero_point=300 is out of range: must be \[0, 255\]"),
+    (dict(input_zero_point=300), ValueError, "input_zero_point=300 is out of range for uint8"),
+    (dict(residual=True), ValueError, "a fused residual is not available on the quantized conv2d"),
+    (dict(activation="clip"), ValueError, "activation 'clip' is not available on the quantized conv2d"),
+    (dict(algorithm="winograd"), ValueError, "algorithm='winograd' is float32 only"),
+])
+def test_refusals_name_the_constraint(kwargs, err, msg):
+    with pytest.raises(err, match=msg):
+        schedules.conv2d((1, 8, 5, 5), (8, 8, 3, 3), dtype="uint8", target="x86-avx512vnni", **kwargs)
+
+
+def test_call_time_refusals():
+    op = schedules.conv2d((1, 8, 5, 5), (8, 8, 3, 3), dtype="uint8", target="x86-avx2", **_run_args("x86-avx2"))
+    x, w = np.zeros((1, 8, 5, 5), np.uint8), np.zeros((8, 8, 3, 3), np.int8)
+    with pytest.raises(TypeError, match="data must have dtype uint8, got int8"):
+        op(x.astype(np.int8), w)
+    with pytest.raises(TypeError, match="compiled without bias"):
+        op(x, w, np.zeros(8, np.int32))
+    if X86_INT_ISAS["avxvnni"].host_supports():
+        return
+    with pytest.raises(ValueError, match="the Bochs CPU has no AVX-VNNI"):
+        schedules.conv2d((1, 8, 5, 5), (8, 8, 3, 3), dtype="uint8", target="x86-avxvnni", emulate=True)

@@ -123,6 +123,10 @@ def parser() -> argparse.ArgumentParser:
         r.add_argument("--peers", action="store_true",
                        help="also ONNX Runtime and OpenVINO on the module's ONNX export (pip install -e \".[peers]\")")
         r.add_argument("--batch", nargs="+", type=int, default=[1], metavar="N", help="batch sizes (default 1)")
+        r.add_argument("--int8", action="store_true",
+                       help="the model quantized by onnxruntime.quantization.quantize_static (QDQ, per-channel int8 "
+                            "weights) from models/torch_style.py's module: ours (TVM's ONNX frontend, "
+                            "schedules.relax.build) against ONNX Runtime and OpenVINO on the same QDQ model")
         r.add_argument("--autotune", action="store_true",
                        help="also build with optimize(autotune=True) (each conv layer's plans timed on this host) and "
                             "time it beside ours on the shipped rules alone")
@@ -207,6 +211,14 @@ def main(argv=None) -> int:
     if args.what in ("resnet50", "mobilenet_v2", "resnext50"):
         from benchmarks import network
 
+        if args.int8:
+            from benchmarks import int8
+
+            result = int8.run_network(args.what, threads, args.repeat, log, args.target)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({k: v for k, v in result.items() if k != "report"}, f, indent=2)
+            return 0
         default_tvm = not args.peers if args.tvm_default is None else args.tvm_default
         result = network.run(isa, threads, args.repeat, log, default_tvm=default_tvm, model=args.what,
                              style=args.style, peers=args.peers, batches=args.batch, autotune=args.autotune)

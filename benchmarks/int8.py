@@ -150,3 +150,120 @@ def _summary(rows: list[dict], log) -> None:
         line += (f"; ORT {1e3 * tot['ORT']:.2f} ms, OV {1e3 * tot['OV']:.2f} ms, int8/best peer "
                  f"{tot['int8'] / best:.2f}")
     log(line)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole networks: `bench resnet50 --int8 --peers`
+
+
+def qdq_network(name: str, path: str, calibration: int = 8, seed: int = 0) -> tuple[str, tuple]:
+    """The PyTorch module as a user writes it (models/torch_style.py, BatchNorm kept), exported to
+    ONNX, then quantized the way onnxruntime.quantization.quantize_static writes it: QDQ format,
+    per-channel int8 weights, uint8 activations, calibrated on `calibration` random images.
+    Returns (the QDQ model's path, the input shape)."""
+    import warnings
+
+    import torch
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    from models import torch_style
+
+    model = torch_style.build(name, seed)
+    shape = (1, 3, 224, 224)
+    fp32 = path.replace(".onnx", "_fp32.onnx")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.zeros(shape),), fp32, dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["y"])
+    rng = np.random.default_rng(seed)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(calibration)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(fp32, path, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return path, shape
+
+
+def run_network(name: str, thread_counts, repeat: int, log, target: str = "native", samples: int = 100) -> dict:
+    """Ours (the QDQ model through tvm.relax.frontend.onnx and schedules.relax.build) against ONNX
+    Runtime and OpenVINO on the same QDQ model: latency per thread count, engines taking turns,
+    and the outputs compared on `samples` random images (largest difference, top-1 agreement)."""
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from schedules.relax import build
+
+    for why in (w for w in map(peers.missing, peers.NEEDS) if w):
+        raise RuntimeError(why)
+    tmp = tempfile.TemporaryDirectory(prefix="mk-int8-net-")
+    out = {"model": name, "rows": []}
+    try:
+        path, shape = qdq_network(name, os.path.join(tmp.name, f"{name}_qdq.onnx"))
+        mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+        report: list = []
+        vm = relax.VirtualMachine(build(mod, target, report=report), tvm.cpu())
+        convs = [r for r in report if r.get("op") == "qconv2d"]
+        ours_n = sum(r["runs_on"] == "ours" for r in convs)
+        log(f"{name}, QDQ (quantize_static: per-channel int8 weights, uint8 activations): {ours_n} of {len(convs)} "
+            f"quantized convs on our int8 conv2d")
+        for r in convs:
+            if r["runs_on"] != "ours":
+                log(f"  left to TVM: {r['data']} {r['weight']}: {r['reason']}")
+        rest = [r for r in report if r.get("op") != "qconv2d" and r.get("runs_on") == "tvm"]
+        log(f"  other ops left on TVM's default lowering: {len(rest)}"
+            + (f" ({', '.join(sorted({r['op'] for r in rest}))})" if rest else ""))
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal(shape).astype(np.float32)
+        for threads in thread_counts:
+            set_threads(threads)
+            engines = {"ORT": peers.onnx_runtime(path, x, threads), "OV": peers.openvino(path, x, threads)}
+            xt = tvm.runtime.tensor(x)
+            turns = {"ours": lambda xt=xt: vm["main"](xt), **{k: e.run for k, e in engines.items()}}
+            secs = {}
+            for _ in range(2):  # two rounds of turns; the better median of each engine
+                for k, call in turns.items():
+                    settle(threads, 0.5)
+                    if k == "ours":
+                        set_threads(threads)
+                    s = seconds_per_call(call, 3, repeat, cold=False)
+                    secs[k] = min(secs.get(k, s), s)
+            best = min(secs["ORT"], secs["OV"])
+            log(f"  {threads} thread(s): ours {1e3 * secs['ours']:.2f} ms, ORT {1e3 * secs['ORT']:.2f} ms, "
+                f"OV {1e3 * secs['OV']:.2f} ms; ours/best peer {secs['ours'] / best:.2f}")
+            out["rows"].append({"threads": threads, "seconds": secs})
+        agree, diff = _agreement(vm, path, shape, samples)
+        log(f"  outputs on {samples} random images: top-1 agreement with ORT {agree}/{samples}, largest |ours - ORT| "
+            f"{diff:.4f} (logits)")
+        out.update({"top1_agreement": agree, "samples": samples, "max_abs_diff": diff, "report": report})
+    finally:
+        tmp.cleanup()
+    return out
+
+
+def _agreement(vm, path: str, shape: tuple, samples: int) -> tuple[int, float]:
+    import onnxruntime as ort
+    import tvm
+
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    agree, diff = 0, 0.0
+    for _ in range(samples):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = vm["main"](tvm.runtime.tensor(x))
+        got = (got if hasattr(got, "numpy") else got[0]).numpy()
+        want = session.run(None, {"x": x})[0]
+        agree += int(got.argmax() == want.argmax())
+        diff = max(diff, float(np.abs(got - want).max()))
+    return agree, diff

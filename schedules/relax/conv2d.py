@@ -58,12 +58,21 @@ from tvm.sym import Analyzer
 from microkernels import DEFAULT_TILES
 
 from ..common import cache, parallel
-from ..common.targets import resolve, thread_count
-from ..conv import ConvParams, Geometry, PostOps, inverted_pays, measure, schedule, schedule_inverted
+from ..common.targets import float_isa, int_isa, int_target, resolve, thread_count
+from ..conv import (
+    ConvParams,
+    Geometry,
+    PostOps,
+    inverted_pays,
+    measure,
+    schedule,
+    schedule_inverted,
+)
 from ..conv.geometry import block_diagonal, depthwise, lane_groups
 from . import exprs
 from .batchnorm import fold_batch_norm
 from .fold import fold_layout_transforms, read_tuple_items
+from .int8 import qdq_convs
 from .rest import schedule_rest
 
 LOG = logging.getLogger("tvm_microkernels.relax")
@@ -584,6 +593,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
     @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
     def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mod = read_tuple_items(mod)
+        mod = qdq_convs(mod, target, threads, report)
         mod = _fold_batch_norms(mod, report)
         mod = exprs.mutate(mod, _SplitClips(mod))
         mod = tvm.transform.Sequential([
@@ -679,13 +689,33 @@ def checked_params(mod: tvm.IRModule, params: dict) -> dict:
     return out
 
 
-def llvm_target(target="native") -> tvm.target.Target:
+def llvm_target(target="native", quantized: bool = False) -> tvm.target.Target:
     """The Target a Relax build wants (an object, not the dict a PrimFunc build takes): the
-    user's own when they pass one (its mcpu tunes the rest of the model), else the preset's."""
+    user's own when they pass one (its mcpu tunes the rest of the model), else the preset's.
+    quantized: a model with our int8 convs, whose tiles need the integer ISA's features (VNNI)
+    in the target the whole module is compiled for: the integer tiles' target then."""
     if isinstance(target, tvm.target.Target):
         resolve(target)  # refuses a target no kernel family serves
         return target
-    return tvm.target.Target(resolve(target).target)
+    isa = resolve(target)
+    if quantized and isa.arch == "x86":
+        return tvm.target.Target(int_target(int_isa(target, isa)))
+    return tvm.target.Target(float_isa(isa).target)
+
+
+def is_quantized(mod: tvm.IRModule) -> bool:
+    """Whether `mod` holds a QuantizeLinear (relax.quantize): a QDQ model, whose convs run ours in int8."""
+    found = []
+    op = tvm.ir.Op.get("relax.quantize")
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(op):
+            found.append(expr)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def build(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
@@ -696,7 +726,7 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
     which relax.VirtualMachine takes the same way); `report` then gets the first build's.
     autotune: optimize's (each conv layer's plans timed on this host first)."""
     mod = _bound(mod, params)
-    llvm = llvm_target(target)
+    llvm = llvm_target(target, is_quantized(mod))
     key = functools.partial(cache.key, "model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name),
                             algorithm, threads, fuse, autotune)
     k = key() if cache.enabled() else None

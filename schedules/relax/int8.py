@@ -57,6 +57,7 @@ from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
 
 from ..conv.int8 import MAX_K
+from . import exprs
 
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 EIGHT_BIT = tuple(ZERO_POINT_RANGE)
@@ -181,3 +182,185 @@ def legalize_int8_conv2d(input_zero_point: int, weight_zero_point: int) -> tvm.i
         return mutator.builder_.get()
 
     return legalize
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized models as a quantizer writes them (QDQ), on our int8 conv2d.
+
+_DEQUANTIZE = tvm.ir.Op.get("relax.dequantize")
+_QUANTIZE = tvm.ir.Op.get("relax.quantize")
+_ADD = tvm.ir.Op.get("relax.add")
+_RELU = tvm.ir.Op.get("relax.nn.relu")
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
+
+
+def _scalar_const(expr):
+    """A constant holding one value (any shape of one element), as a Python number; else None."""
+    if isinstance(expr, GenericConst):
+        v = expr.value.numpy()
+        if v.size == 1:
+            return v.reshape(-1)[0].item()
+    return None
+
+
+class _QdqChain:
+    """DequantizeLinear(x) -> conv2d(., DequantizeLinear(W)) -> [+ bias] -> [relu] -> QuantizeLinear,
+    read off the graph; `why` says what does not fit when it does not."""
+
+    def __init__(self, quant, values: dict, uses: dict):
+        self.why, self.skipped = "", []
+        self.quant = quant
+        y = quant.args[0]
+        self.relu = False
+        if exprs.is_call(values.get(y), _RELU):
+            self.skipped.append(y)
+            self.relu, y = True, values[y].args[0]
+        self.bias, self.feeds = None, []
+        if exprs.is_call(values.get(y), _ADD):
+            self.skipped.append(y)
+            a, b = values[y].args
+            self.bias, y = self._bias(b, values), a
+        self.conv = values.get(y)
+        self.conv_var = y
+        if not exprs.is_call(self.conv, tvm.ir.Op.get("relax.nn.conv2d")):
+            self.why = "QuantizeLinear does not follow a conv2d (+ bias, ReLU)"
+            return
+        self.skipped.append(y)
+        if any(uses.get(v, 0) != 1 for v in self.skipped):
+            self.why = "an intermediate value of the chain has other users"
+            return
+        self._read_inputs(values)
+        # The chain's own DequantizeLinears (and the bias's reshape) go with it where nothing else reads them.
+        self.skipped += [v for v in self.feeds if isinstance(v, relax.Var) and uses.get(v, 0) == 1]
+
+    def _bias(self, b, values: dict):
+        """The bias as (int32 values, float scales) from its DequantizeLinear (through a reshape),
+        or a float constant; None where it is neither."""
+        self.feeds = [b]
+        if exprs.is_call(values.get(b), _RESHAPE):
+            b = values[b].args[0]
+            self.feeds.append(b)
+        dq = values.get(b)
+        if exprs.is_call(dq, _DEQUANTIZE) and isinstance(dq.args[0], GenericConst):
+            return ("int", exprs.const(dq.args[0]), exprs.const(dq.args[1]), exprs.const(dq.args[2]))
+        if isinstance(b, GenericConst):
+            return ("float", exprs.const(b))
+        return "unknown"
+
+    def _read_inputs(self, values: dict) -> None:
+        data, weight = self.conv.args
+        dq_x, dq_w = values.get(data), values.get(weight)
+        self.feeds += [data, weight]
+        if not exprs.is_call(dq_x, _DEQUANTIZE) or not exprs.is_call(dq_w, _DEQUANTIZE):
+            self.why = "the conv's data or weights do not come from DequantizeLinear"
+            return
+        self.x = dq_x.args[0]
+        self.sx, self.zx = _scalar_const(dq_x.args[1]), _scalar_const(dq_x.args[2])
+        self.w = exprs.const(dq_w.args[0])
+        self.sw, zw = exprs.const(dq_w.args[1]), exprs.const(dq_w.args[2])
+        self.sy, self.zy = _scalar_const(self.quant.args[1]), _scalar_const(self.quant.args[2])
+        self.out_dtype = str(self.quant.attrs.out_dtype)
+        if None in (self.sx, self.zx, self.sy, self.zy) or self.w is None or self.sw is None:
+            self.why = "per-tensor constant scales and zero points on data and output, constant weights needed"
+        elif exprs.dtype(self.x) not in EIGHT_BIT or str(self.w.dtype) != "int8" or self.out_dtype not in EIGHT_BIT:
+            self.why = "uint8/int8 data and output with int8 weights needed"
+        elif zw is not None and np.any(zw != 0):
+            self.why = "weights with a non-zero zero point (quantizers write symmetric int8 weights)"
+        elif self.bias == "unknown":
+            self.why = "the added term is not a constant per-channel bias"
+        elif exprs.shape(self.x) is None:
+            self.why = "symbolic shapes"
+
+    def bias_int32(self) -> np.ndarray | None:
+        """The bias as int32 at scale sx * sw (QLinearConv's), from what the graph holds."""
+        if self.bias is None:
+            return None
+        o = self.w.shape[0]
+        if self.bias[0] == "int":
+            _, q, s, z = self.bias
+            q = q.astype(np.int64).reshape(-1) - (0 if z is None else z.astype(np.int64).reshape(-1))
+            real = q * np.broadcast_to(s.astype(np.float64).reshape(-1), q.shape)
+        else:
+            real = self.bias[1].astype(np.float64).reshape(-1)
+        if real.size != o:
+            return None
+        step = np.float64(np.float32(self.sx)) * np.broadcast_to(self.sw.astype(np.float64).reshape(-1), (o,))
+        return np.clip(np.rint(real / step), -2**31, 2**31 - 1).astype(np.int32)
+
+
+@expr_functor.mutator
+class _QdqConvs(PyExprMutator):
+    def __init__(self, mod, target, threads, report: list):
+        super().__init__(mod)
+        self.target, self.threads, self.report = target, threads, report
+        self.chains: dict = {}  # quantize var -> _QdqChain
+        self.skip: set = set()
+        self.funcs: dict = {}
+
+    def plan(self, func) -> None:
+        uses = exprs.uses(func)
+        for blk in func.body.blocks:
+            values = {b.var: b.value for b in blk.bindings}
+            for b in blk.bindings:
+                if exprs.is_call(b.value, _QUANTIZE):
+                    chain = _QdqChain(b.value, values, uses)
+                    if chain.why:
+                        if exprs.is_call(chain.conv, tvm.ir.Op.get("relax.nn.conv2d")):
+                            self._log(chain, "tvm", chain.why)
+                        continue
+                    self.chains[b.var] = chain
+                    self.skip.update(chain.skipped)
+
+    def _log(self, chain, where, why):
+        entry = {"op": "qconv2d", "data": exprs.shape(chain.conv.args[0]), "weight": exprs.shape(chain.conv.args[1]),
+                 "runs_on": where, "reason": why}
+        self.report.append(entry)
+
+    def visit_var_binding_(self, binding):
+        if binding.var in self.skip:
+            return
+        chain = self.chains.get(binding.var)
+        if chain is None:
+            return super().visit_var_binding_(binding)
+        value = self._lower(chain)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
+
+    def _lower(self, chain: _QdqChain):
+        from ..common.targets import int_isa, resolve
+        from ..conv import int8
+        from ..conv.geometry import ConvParams, Geometry, PostOps, Quantization
+
+        a = chain.conv.attrs
+        o = chain.w.shape[0]
+        params = ConvParams(exprs.shape(chain.x), chain.w.shape, [int(s) for s in a.strides],
+                            [int(p) for p in a.padding], [int(d) for d in a.dilation], int(a.groups))
+        bias = chain.bias_int32()
+        quant = Quantization(exprs.dtype(chain.x), "int8", int(chain.zx), 0, chain.out_dtype, float(chain.sx),
+                             tuple(float(v) for v in np.broadcast_to(chain.sw.reshape(-1), (o,))), float(chain.sy),
+                             int(chain.zy))
+        post = PostOps(bias is not None, False, "relu" if chain.relu else None)
+        isa = int_isa(self.target, resolve(self.target))
+        g = Geometry.of(params, block=int8.conv_kernel(isa).nr)
+        key = (params, quant, post, isa.name)
+        if key not in self.funcs:
+            op = int8.schedule(g, isa, quant, post, self.threads)
+            name = f"mk_qconv2d_{len(self.funcs)}_{op.plan.kern.name}"  # mk_: ours, which rest.py leaves alone
+            mod, _ = int8.build(g, isa, quant.dtype, quant.input_zero_point, output={
+                "output_dtype": quant.output_dtype, "bias": post.bias, "activation": post.activation,
+                "zp_out": quant.output_zero_point})
+            func = mod["main"].with_attr("global_symbol", name)
+            self.funcs[key] = (self.builder_.add_func(func, name), op)
+        gv, op = self.funcs[key]
+        args = [chain.x, *(relax.const(v) for v in op._arguments(op.pack_weights(chain.w), bias)[:-1])]
+        self._log(chain, "ours", op.plan.why)
+        return relax.call_tir(gv, args, relax.TensorType(op.out_shape, chain.out_dtype))
+
+
+def qdq_convs(mod: tvm.IRModule, target="native", threads=None, report: list | None = None) -> tvm.IRModule:
+    """Every DequantizeLinear -> conv2d -> [+ bias] -> [ReLU] -> QuantizeLinear chain of `mod` (as
+    ONNX's QDQ format arrives through tvm.relax.frontend.onnx: per-tensor data and output
+    quantization, int8 weights with per-channel scales and zero point 0) replaced by a call of our
+    int8 conv2d with the requantization fused; chains that do not fit stay (report says why)."""
+    report = [] if report is None else report
+    mutator = _QdqConvs(mod, target, threads, report)
+    return exprs.mutate(mod, mutator, mutator.plan)

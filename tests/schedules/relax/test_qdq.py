@@ -1,0 +1,111 @@
+"""Quantized models as a quantizer writes them: a small PyTorch network exported to ONNX and
+quantized by onnxruntime.quantization.quantize_static (QDQ, per-channel int8 weights, uint8
+activations), made here, imported with TVM's ONNX frontend and built with schedules.relax.build:
+every conv on our int8 conv2d, no QuantizeLinear / DequantizeLinear left between fused convs, the
+output within one quantization step of ONNX Runtime's."""
+
+import numpy as np
+import pytest
+
+import schedules
+
+onnx = pytest.importorskip("onnx", reason="the peers extra (onnx, onnxruntime) makes the QDQ model")
+ort = pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+
+import tvm
+from tvm import relax
+
+
+def _net():
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            self.b = nn.Sequential(nn.Conv2d(16, 24, 3, stride=2, padding=1), nn.BatchNorm2d(24), nn.ReLU())
+            self.c = nn.Conv2d(24, 24, 1)
+            self.d = nn.Conv2d(24, 8, 3, padding=1, groups=8)
+
+        def forward(self, x):
+            y = self.b(self.a(x))
+            return self.d(torch.relu(self.c(y) + y))
+
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return net.eval()
+
+
+@pytest.fixture(scope="module")
+def qdq(tmp_path_factory):
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    d = tmp_path_factory.mktemp("qdq")
+    fp32, q = str(d / "net.onnx"), str(d / "net_qdq.onnx")
+    shape = (1, 3, 20, 18)
+    torch.onnx.export(_net(), (torch.zeros(shape),), fp32, dynamo=False, opset_version=17, input_names=["x"])
+    rng = np.random.default_rng(0)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(fp32, q, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    from tvm.relax.frontend.onnx import from_onnx
+
+    return from_onnx(onnx.load(q), keep_params_in_input=False), q, shape
+
+
+def _ops(mod, name):
+    found = []
+    op = tvm.ir.Op.get(name)
+    for _, f in mod.functions_items():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, lambda e: found.append(e) if isinstance(e, relax.Call) and
+                                            isinstance(e.op, tvm.ir.Op) and e.op.same_as(op) else None)
+    return len(found)
+
+
+def test_every_conv_runs_ours_in_int8(qdq):
+    mod, _, _ = qdq
+    report = []
+    out = schedules.relax.optimize(mod, report=report, lower=False)
+    convs = [r for r in report if r["op"] == "qconv2d"]
+    assert len(convs) == 4 and all(r["runs_on"] == "ours" for r in convs), convs
+    assert _ops(out, "relax.nn.conv2d") == 0
+    # Between fused convs nothing is requantized by TVM: what is left is the input's QuantizeLinear,
+    # the residual add's (DequantizeLinear x2, QuantizeLinear) and the output's DequantizeLinear.
+    assert _ops(mod, "relax.quantize") == 6 and _ops(out, "relax.quantize") == 2
+    assert _ops(out, "relax.dequantize") == 3
+
+
+def test_output_within_one_quantization_step_of_onnx_runtime(qdq):
+    mod, path, shape = qdq
+    vm = relax.VirtualMachine(schedules.relax.build(mod), tvm.cpu())
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    model = onnx.load(path)
+    # The output's scale: the last DequantizeLinear's.
+    last = [n for n in model.graph.node if n.op_type == "DequantizeLinear"][-1]
+    scale = float(onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == last.input[1])))
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = vm["main"](tvm.runtime.tensor(x))
+        got = (got if hasattr(got, "numpy") else got[0]).numpy()
+        want = session.run(None, {"x": x})[0]
+        assert np.abs(got - want).max() <= scale * 1.0001, np.abs(got - want).max() / scale

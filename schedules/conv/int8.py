@@ -65,7 +65,7 @@ MAX_K_DOT = (2**31 - 1) // (4 * 128 * 128)  # 32767
 # window sums times zp_w, the bias's two) stay exact while 4 * 32640 * K <= 2**31 - 1.
 MAX_K_VNNI = (2**31 - 1) // (4 * 255 * 128)  # 16448
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
-DEPTHWISE_LANES = 8  # int16 channels per q register
+DEPTHWISE_LANES = 8  # int16 channels per q register (ARM); x86: Int8Plan.lanes
 
 
 def zero_point(name: str, zp, dtype: str) -> int:
@@ -101,6 +101,18 @@ class Int8Plan:
     @property
     def group(self) -> int:
         return 1 if self.depthwise else kernel_group(self.kern)
+
+    @property
+    def rows(self) -> bool:
+        """Depthwise on x86: NCHW as it is, a row of pixels in the vector lanes (`_render_depthwise_rows`)."""
+        return self.depthwise and self.parallel
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of the depthwise path: 8 int16 channels (a q register) on ARM; on x86 the int32
+        accumulators of one register, pixels of a row."""
+        isa = self.kern.isa
+        return DEPTHWISE_LANES if isa.arch != "x86" else isa.lanes
 
     @property
     def why(self) -> str:
@@ -148,6 +160,8 @@ class Int8Plan:
 
     @property
     def ow_padded(self) -> int:
+        if self.rows:
+            return ceil_to(self.g.out_hw[1], self.lanes)
         return self.g.out_hw[1] if self.depthwise else ceil_to(self.g.out_hw[1], self.kern.mr)
 
     @property
@@ -164,8 +178,11 @@ class Int8Plan:
     def packed_shape(self) -> tuple:
         """The packed input: (N, Hp, Wp, C in whole vectors) for depthwise, (N, G, Hp, Wp, Cp) otherwise."""
         g, (hp, wp) = self.g, self.packed_hw
+        if self.rows:  # columns by their phase modulo the stride: a strided row becomes a contiguous one
+            sw = g.stride[1]
+            return (g.n, g.c, sw, hp, -(-wp // sw))
         if self.depthwise:
-            return (g.n, hp, wp, ceil_to(g.c, DEPTHWISE_LANES))
+            return (g.n, hp, wp, ceil_to(g.c, self.lanes))
         return (g.n, g.groups, hp, wp, self.cp)
 
     @property
@@ -179,6 +196,8 @@ class Int8Plan:
         """The int32 accumulators: (N, Ho, Wo, C in whole vectors) for depthwise, else per
         group and output block, each row padded to whole tiles (N, G, OB, Ho, Wo padded, NR)."""
         g, (oh, ow) = self.g, self.g.out_hw
+        if self.rows:
+            return (g.n, g.c, oh, self.ow_padded)
         if self.depthwise:
             return (g.n, oh, ow, self.packed_shape[-1])
         return (g.n, g.groups, self.op // self.kern.nr, oh, self.ow_padded, self.kern.nr)
@@ -186,8 +205,10 @@ class Int8Plan:
     @property
     def weight_shape(self) -> tuple:
         g = self.g
+        if self.rows:
+            return (g.c, g.kh, g.kw)
         if self.depthwise:
-            return (g.kh, g.kw, ceil_to(g.c, DEPTHWISE_LANES))
+            return (g.kh, g.kw, ceil_to(g.c, self.lanes))
         if self.group > 1:
             gk = self.group
             return (g.groups, self.op // self.kern.nr, g.kh, g.kw, self.cp // gk, self.kern.nr, gk)
@@ -226,6 +247,8 @@ def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) 
         bias = (-zp_x8 * sums + k * zp_x8 * zw8).astype(np.int32).reshape(plan.bias_shape)
         return _pack_gemm_weights(plan, w8, np.int8), bias
     w = weight.astype(np.int16) - np.int16(zp_w)
+    if plan.rows:
+        return (np.ascontiguousarray(w[:, 0]),)
     if plan.depthwise:
         out = np.zeros(plan.weight_shape, np.int16)
         out[:, :, : g.c] = w[:, 0].transpose(1, 2, 0)
@@ -422,6 +445,63 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     return L
 
 
+def _render_depthwise_rows(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    """Depthwise on x86, NCHW as the user has it: each channel's plane widened (x - zp, int16) and
+    padded, then each output row LANES pixels at a time, one int32 vector per tap and LANES
+    pixels, the requantized output written straight back to NCHW. No transposes: the channel's
+    taps are scalars broadcast over a row, where the ARM path puts channels in lanes."""
+    g = plan.g
+    oh, ow = g.out_hw
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    top, left = g.pad[0], g.pad[1]
+    n, c = plan.packed_shape[:2]
+    # Packed column q of phase p is padded input column q * sw + p.
+    col = f"vq * {sw} + vp"
+    inside = f"{top} <= vy and vy < {top + g.h} and {left} <= {col} and {col} < {left + g.w}"
+    x = f"D[vn, vc, vy - {top}, {col} - {left}]"
+    value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+    L = _header(plan, dtype) + padded_pack(4, "P", list(zip("ncpyq", plan.packed_shape)), inside, value, "T.int16(0)")
+    tap = f"vs * {dw}"
+    L += [
+        f"    for n, c, y, x, r, s in T.grid({n}, {c}, {oh}, {plan.ow_padded}, {g.kh}, {g.kw}):",
+        "        with T.sblock('conv'):",
+        "            vn, vc, vy, vx, vr, vs = T.axis.remap('SSSSRR', [n, c, y, x, r, s])",
+        "            with T.init():",
+        "                Acc[vn, vc, vy, vx] = 0",
+        "            Acc[vn, vc, vy, vx] = Acc[vn, vc, vy, vx] + "
+        f"T.Cast('int32', P[vn, vc, ({tap}) % {sw}, vy * {sh} + vr * {dh}, vx + ({tap}) // {sw}])"
+        " * T.Cast('int32', Wv[vc, vr, vs])",
+        f"    for n, c, y, x in T.grid({g.n}, {g.c}, {oh}, {ow}):",
+        "        with T.sblock('unpack'):",
+        "            vn, vc, vy, vx = T.axis.remap('SSSS', [n, c, y, x])",
+        f"            Out[vn, vc, vy, vx] = {_output(plan, 'Acc[vn, vc, vy, vx]', 'vc')}",
+    ]
+    return L
+
+
+def _schedule_depthwise_rows(sch, plan: Int8Plan) -> None:
+    """Planes on all threads; per row, LANES pixels in vector lanes over the KH x KW taps, the
+    accumulators kept in registers for them, and the row's output written right after it (its
+    block computed at the row loop, so the row of accumulators never leaves L1)."""
+    blk = sch.get_sblock("conv")
+    n, c, y, x, r, s = sch.get_loops(blk)
+    xo, xi = sch.split(x, [None, plan.lanes])
+    sch.reorder(xo, r, s, xi)
+    sch.vectorize(xi)
+    plane = sch.fuse(n, c)
+    sch.parallel(plane)
+    pack = sch.get_loops(sch.get_sblock("pack"))
+    sch.parallel(sch.fuse(*pack[:2]))
+    unpack = sch.get_sblock("unpack")
+    sch.reverse_compute_at(unpack, y)
+    ow = plan.g.out_hw[1]
+    lanes = next((v for v in (16, 8, 4) if ow % v == 0), None)
+    if lanes:  # a whole row, so no tail: TIR leaves a predicated vector loop scalar
+        sch.vectorize(sch.split(sch.get_loops(unpack)[-1], [None, lanes])[1])
+    init = sch.decompose_reduction(blk, r)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
 def is_depthwise(g: Geometry) -> bool:
     """Depthwise with one output channel per input channel: what the lane-wise kernel computes
     (a channel multiplier goes through the GEMM path)."""
@@ -480,11 +560,15 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
                     parallel=parallel)
     if plan.dot:
         plan = dataclasses.replace(plan, bias=True)  # the expansion's per-channel terms
+    if plan.rows:
+        sch = s_tir.Schedule(parse(_render_depthwise_rows(plan, dtype, zp_x)))
+        _schedule_depthwise_rows(sch, plan)
+        return sch.mod, plan
     if depthwise:
         sch = s_tir.Schedule(parse(_render_depthwise(plan, dtype, zp_x)))
         blk = sch.get_sblock("conv")
         n, y, x, c, r, s = sch.get_loops(blk)
-        co, ci = sch.split(c, [None, DEPTHWISE_LANES])
+        co, ci = sch.split(c, [None, plan.lanes])
         # Taps outside the lanes: the 8 accumulators of a pixel stay in one register pair
         # across all KH*KW taps, and each tap is one widening MAC over 8 channels.
         sch.reorder(co, r, s, ci)

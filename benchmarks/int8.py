@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 import schedules
-from schedules.common.targets import int_isa, resolve, set_threads
+from schedules.common.targets import float_isa, int_isa, resolve, set_threads
 from schedules.common.timing import seconds_per_call, settle
 
 from . import peers
@@ -77,7 +77,8 @@ def ours(layer, q: dict, target: str, threads: int):
 
 def run(layers, thread_counts, repeat: int, log, target: str = "native") -> dict:
     isa = int_isa(target, resolve(target))
-    log(f"int8 conv2d on {isa.name}; quantization: x uint8 (scale {SX}, zero point {ZX}), weights int8 per "
+    fisa = float_isa(resolve(target))  # our float32 conv2d at the same vector width
+    log(f"int8 conv2d on {isa.name}, float32 on {fisa.name}; quantization: x uint8 (scale {SX}, zero point {ZX}), weights int8 per "
         f"channel, y uint8 (scale {SY}, zero point {ZY}); warm caches, weights packed beforehand")
     skipped = [why for why in map(peers.missing, peers.NEEDS) if why]
     for why in skipped:
@@ -96,7 +97,7 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native") -> dict
                 x = q["x"]
                 turns = {"int8": lambda f=f, x=x: f(x)}
                 number = max(1, int(2e-3 / max(_quick(turns["int8"]), 1e-6)))
-                fop = schedules.conv2d(*layer.shapes, **layer.kwargs, target="native", threads=threads)
+                fop = schedules.conv2d(*layer.shapes, **layer.kwargs, target=f"x86-{fisa.name}", threads=threads)
                 ff = fop.bind(np.random.default_rng(i).standard_normal(layer.weight_shape).astype(np.float32))
                 xf = q["x"].astype(np.float32)
                 turns["f32"] = lambda ff=ff, xf=xf: ff(xf)
@@ -207,6 +208,9 @@ def run_network(name: str, thread_counts, repeat: int, log, target: str = "nativ
 
     for why in (w for w in map(peers.missing, peers.NEEDS) if w):
         raise RuntimeError(why)
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # not a warning per unused initializer the quantizer left
     tmp = tempfile.TemporaryDirectory(prefix="mk-int8-net-")
     out = {"model": name, "rows": []}
     try:

@@ -59,10 +59,10 @@ OPTIONS = {"threads": None, "blocking": ConvBlocking(), "tile": None, "emulate":
            "bias": False, "residual": False, "activation": None, "clip": DEFAULT_CLIP,
            "input_zero_point": None, "weight_zero_point": None, "weight_dtype": None,
            "output_dtype": None, "input_scale": None, "weight_scale": None, "output_scale": None,
-           "output_zero_point": None}
+           "output_zero_point": None, "data_layout": None}
 # The quantized conv2d's options, in Quantization's field order after dtype.
 QUANT_OPTIONS = ("weight_dtype", "input_zero_point", "weight_zero_point", "output_dtype", "input_scale",
-                 "weight_scale", "output_scale", "output_zero_point")
+                 "weight_scale", "output_scale", "output_zero_point", "data_layout")
 
 
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
@@ -128,10 +128,17 @@ def schedule_args(data_shape, weight_shape, stride=1, padding=0, dilation=1, gro
     o = {**OPTIONS, **options}
     dtype = dtype_name("dtype", dtype)
     quant = None
-    if dtype != "float32" or any(o[a] is not None for a in QUANT_OPTIONS):
+    if dtype != "float32" or any(o[a] is not None for a in QUANT_OPTIONS if a != "data_layout"):
         given = {a: o[a] for a in QUANT_OPTIONS if o[a] is not None}
         quant = Quantization(dtype, **given)
     post = PostOps(o["bias"], o["residual"], o["activation"], o["clip"])
+    layout = o["data_layout"] or "NCHW"
+    if layout != "NCHW" and quant is None:
+        raise ValueError(f"data_layout={layout!r} is an option of the quantized conv2d; float32 takes NCHW")
+    if layout == "NHWC" and isinstance(data_shape, (tuple, list)) and len(data_shape) == 4:
+        # The shapes stay NCHW inside: the family reads and writes NHWC.
+        n, h, w, c = data_shape
+        data_shape = (n, c, h, w)
     return schedule(ConvParams(data_shape, weight_shape, stride, padding, dilation, groups), post_ops=post,
                     quant=quant, target=target, algorithm=algorithm, tile=o["tile"], threads=o["threads"],
                     blocking=o["blocking"], emulate=o["emulate"], autotune=o["autotune"])

@@ -327,8 +327,13 @@ class Quantization:
     weight_scale: object = None
     output_scale: object = None
     output_zero_point: object = 0
+    # "NHWC": data (N, H, W, C) and output (N, OH, OW, O), channels-last as the x86 pack and
+    # accumulators are, so neither stage transposes (OIHW weights either way). x86 only.
+    data_layout: object = "NCHW"
 
     def __post_init__(self):
+        if self.data_layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"data_layout must be 'NCHW' or 'NHWC', got {self.data_layout!r}")
         dtype = dtype_name("dtype", self.dtype)
         weight = dtype_name("weight_dtype", self.weight_dtype)
         object.__setattr__(self, "dtype", dtype)
@@ -377,7 +382,8 @@ class Quantization:
 def _scales(name: str, value, per_channel: bool) -> tuple:
     """Scales as a tuple of Python floats (one, or one per channel), finite and positive."""
     arr = np.asarray(value, dtype=np.float64) if not isinstance(value, (str, bytes)) else None
-    if arr is None or arr.ndim > (1 if per_channel else 0) or arr.size == 0:
+    # A scalar may come back as the 1-tuple this returns (dataclasses.replace re-checks).
+    if arr is None or arr.ndim > 1 or arr.size == 0 or (not per_channel and arr.size != 1):
         shape = "a float or a sequence of floats (one per output channel)" if per_channel else "a float"
         raise TypeError(f"{name} must be {shape}, got {value!r}")
     flat = arr.reshape(-1)

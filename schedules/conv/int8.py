@@ -91,6 +91,7 @@ class Int8Plan:
     zp_out: int = 0
     windows: bool = True  # the -zw * sum x term: only where the tile's weights' zero point is not 0
     parallel: bool = False  # all threads (x86); ARM runs single-threaded under qemu
+    nhwc: bool = False  # data and output channels-last (x86 GEMM path): no transposes in pack and unpack
 
     @property
     def dot(self) -> bool:
@@ -105,7 +106,7 @@ class Int8Plan:
     @property
     def rows(self) -> bool:
         """Depthwise on x86: NCHW as it is, a row of pixels in the vector lanes (`_render_depthwise_rows`)."""
-        return self.depthwise and self.parallel
+        return self.depthwise and self.parallel and not self.nhwc
 
     @property
     def lanes(self) -> int:
@@ -167,12 +168,12 @@ class Int8Plan:
     @property
     def data_shape(self) -> tuple:
         g = self.g
-        return (g.n, g.c, g.h, g.w)
+        return (g.n, g.h, g.w, g.c) if self.nhwc else (g.n, g.c, g.h, g.w)
 
     @property
     def out_shape(self) -> tuple:
         g = self.g
-        return (g.n, g.o, *g.out_hw)
+        return (g.n, *g.out_hw, g.o) if self.nhwc else (g.n, g.o, *g.out_hw)
 
     @property
     def packed_shape(self) -> tuple:
@@ -291,7 +292,7 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     if plan.packed_shape[-1] != (g.c if plan.depthwise else g.cg):
         conds.insert(0, f"vc < {g.c if plan.depthwise else g.cg}")
     chan = "vc" if plan.depthwise else f"vg * {g.cg} + vc"
-    x = f"D[vn, {chan}, vy - {top}, vx - {left}]"
+    x = f"D[vn, vy - {top}, vx - {left}, {chan}]" if plan.nhwc else f"D[vn, {chan}, vy - {top}, vx - {left}]"
     if plan.dot:
         # 8-bit as the tile takes it (data_shift); a padded pixel holds the zero point, a padded
         # channel 0 (it must add nothing to the window sums either).
@@ -381,6 +382,8 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
     else:
         L.append(f"    for n, g, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):")
     L += tile_blocks(plan, tile)
+    if plan.nhwc and plan.parallel and not (plan.dot and plan.windows) and tile_blocks is _tensorized_tile:
+        return L + _tile_store(plan), tile
     out = f"Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]"
     if plan.dot and plan.windows:
         # sum x over each output pixel's window, for the -zw * sum x term of the expansion
@@ -393,6 +396,14 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
             f"            WS[vn, vg, vy, vx] = WS[vn, vg, vy, vx] + T.Cast('int32', P[vn, vg, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc])",
         ]
         out += f" - T.int32({zw8}) * WS[vn, vo // {g.og}, vy, vx]"
+    if plan.nhwc:
+        L += [
+            f"    for n, y, x, o in T.grid({g.n}, {oh}, {ow}, {g.o}):",
+            "        with T.sblock('unpack'):",
+            "            vn, vy, vx, vo = T.axis.remap('SSSS', [n, y, x, o])",
+            f"            Out[vn, vy, vx, vo] = {_output(plan, out, 'vo')}",
+        ]
+        return L, tile
     L += [
         f"    for n, o, y, x in T.grid({g.n}, {g.o}, {oh}, {ow}):",
         "        with T.sblock('unpack'):",
@@ -402,11 +413,33 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
     return L, tile
 
 
+def _tile_store(plan: Int8Plan) -> list[str]:
+    """Channels-last output (x86): each tile's MR x NR accumulators leave right after its
+    reduction, while they are in L1, requantized along the NR channels (contiguous on both
+    sides) into the output; no separate unpack pass over the accumulators. The tile's columns
+    past the row's end, and channels past the group's, are not stored."""
+    g, mr, nr = plan.g, plan.kern.mr, plan.kern.nr
+    oh, ow = g.out_hw
+    ob = plan.op // nr
+    cond = []
+    if plan.ow_padded != ow:
+        cond.append(f"tt * {mr} + m < {ow}")
+    if plan.op != g.og:
+        cond.append(f"f // {oh} % {ob} * {nr} + j < {g.og}")
+    columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
+    o = f"vg * {g.og} + vob * {nr} + vj"
+    body = [*_tile_iters(plan, columns), *([f"T.where({' and '.join(cond)})"] if cond else []),
+            f"Out[vn, vy, vx0 + vm, {o}] = {_output(plan, _acc('vx0'), o)}"]
+    return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('store'):",
+            *(f"                {line}" for line in body)]
+
+
 def _output(plan: Int8Plan, acc: str, o: str) -> str:
     """TVMScript of the output element from its accumulator `acc` (output channel `o`): + Bias,
     then as Quantization says (int32 as is; 8-bit requantized: round half to even, + zero point,
     saturate, clamped before the conversion so it stays in range; float32 dequantized)."""
     og = plan.g.og
+    o = f"({o})"
     if plan.bias:
         acc = f"{acc} + Bias[{o} // {og}, {o} % {og}]"
     out = plan.output_dtype
@@ -437,6 +470,14 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         "                Acc[vn, vy, vx, vc] = 0",
         "            Acc[vn, vy, vx, vc] = Acc[vn, vy, vx, vc] + "
         f"T.Cast('int32', P[vn, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc]) * T.Cast('int32', Wv[vr, vs, vc])",
+    ]
+    if plan.nhwc:
+        L += [f"    for n, y, x, c in T.grid({g.n}, {oh}, {ow}, {g.c}):",
+              "        with T.sblock('unpack'):",
+              "            vn, vy, vx, vc = T.axis.remap('SSSS', [n, y, x, c])",
+              f"            Out[vn, vy, vx, vc] = {_output(plan, 'Acc[vn, vy, vx, vc]', 'vc')}"]
+        return L
+    L += [
         f"    for n, c, y, x in T.grid({g.n}, {g.c}, {oh}, {ow}):",
         "        with T.sblock('unpack'):",
         "            vn, vc, vy, vx = T.axis.remap('SSSS', [n, c, y, x])",
@@ -601,12 +642,36 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
     return sch.mod, plan
 
 
+def _has_block(sch, name: str) -> bool:
+    try:
+        sch.get_sblock(name)
+    except Exception:  # noqa: BLE001 (TVM raises its own error type for a missing block)
+        return False
+    return True
+
+
 def _parallel_stages(sch, plan: Int8Plan) -> None:
     """The pack and the unpack on all threads. The unpack transposes: it walks NR output channels
     of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
     NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
     outer = sch.get_loops(sch.get_sblock("pack"))
-    sch.parallel(sch.fuse(*outer[:2]))
+    sch.parallel(sch.fuse(*outer[:3]))  # rows of every image (and group)
+    if _has_block(sch, "store"):  # the tiles store their own output (_tile_store)
+        # Vectorized along the channels unless the tile overhangs the group's: TIR would then
+        # vectorize the store past the predicate that crops it.
+        if plan.op == plan.g.og:
+            j = sch.get_loops(sch.get_sblock("store"))[-1]
+            lanes = next(v for v in (16, 8, 4) if plan.kern.nr % v == 0)
+            sch.vectorize(sch.split(j, [None, lanes])[1])
+        return
+    if plan.nhwc:
+        # Channels-last on both sides: rows in parallel, the channels of a pixel in the lanes.
+        n, y, x, o = sch.get_loops(sch.get_sblock("unpack"))
+        sch.parallel(sch.fuse(n, y))
+        lanes = next((v for v in (16, 8, 4) if plan.g.o % v == 0), None)
+        if lanes:
+            sch.vectorize(sch.split(o, [None, lanes])[1])
+        return
     n, o, y, x = sch.get_loops(sch.get_sblock("unpack"))
     oo, oi = sch.split(o, [None, plan.kern.nr])
     sch.reorder(n, oo, y, oi, x)
@@ -725,7 +790,11 @@ class Int8Conv2dOp:
 def schedule(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_POST_OPS,
              threads: int | None = None, emulate: bool = False) -> Int8Conv2dOp:
     """The layer compiled (what conv2d returns for a quantized layer; compiling is cheap). ARM
-    ops run under qemu, x86 ones natively or, with emulate, on the Bochs CPU."""
+    ops run under qemu, x86 ones natively or, with emulate, on the Bochs CPU (quant.data_layout:
+    NCHW, or NHWC on x86)."""
+    data_layout = quant.data_layout
+    if data_layout == "NHWC" and isa.arch != "x86":
+        raise ValueError("data_layout='NHWC' is an x86 option of the quantized conv2d; the ARM targets take NCHW")
     dtype, weight_dtype = quant.dtype, quant.weight_dtype
     for name, dt in (("dtype", dtype), ("weight_dtype", weight_dtype)):
         if dt not in ZERO_POINT_RANGE:
@@ -755,8 +824,8 @@ def schedule(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_
             raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {bound}, the longest the {what} keeps "
                              "exact in int32")
     output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
-              "zp_out": quant.output_zero_point}
-    sizes = Int8Plan(g, kern, is_depthwise(g))
+              "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC"}
+    sizes = Int8Plan(g, kern, is_depthwise(g), parallel=isa.arch == "x86", nhwc=data_layout == "NHWC")
     check_elements(packed_input=sizes.packed_shape, packed_weight=sizes.weight_shape, accumulators=sizes.acc_shape)
     mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype, output=output)
     lib = tvm.compile(mod, target=int_target(plan.kern.isa) if isa.arch == "x86" else isa.target)

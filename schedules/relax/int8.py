@@ -50,6 +50,8 @@ naming the range either way).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -343,17 +345,102 @@ class _QdqConvs(PyExprMutator):
         g = Geometry.of(params, block=int8.conv_kernel(isa).nr)
         key = (params, quant, post, isa.name)
         if key not in self.funcs:
-            op = int8.schedule(g, isa, quant, post, self.threads)
+            # Channels-last: the layer reads and writes what its pack and accumulators hold, and
+            # the permutes around it cancel between layers (channels_last).
+            op = int8.schedule(g, isa, dataclasses.replace(quant, data_layout="NHWC"), post, self.threads)
             name = f"mk_qconv2d_{len(self.funcs)}_{op.plan.kern.name}"  # mk_: ours, which rest.py leaves alone
             mod, _ = int8.build(g, isa, quant.dtype, quant.input_zero_point, output={
                 "output_dtype": quant.output_dtype, "bias": post.bias, "activation": post.activation,
-                "zp_out": quant.output_zero_point})
+                "zp_out": quant.output_zero_point, "nhwc": True})
             func = mod["main"].with_attr("global_symbol", name)
             self.funcs[key] = (self.builder_.add_func(func, name), op)
         gv, op = self.funcs[key]
-        args = [chain.x, *(relax.const(v) for v in op._arguments(op.pack_weights(chain.w), bias)[:-1])]
+        x = self.builder_.emit(relax.op.permute_dims(chain.x, TO_NHWC))
+        args = [x, *(relax.const(v) for v in op._arguments(op.pack_weights(chain.w), bias)[:-1])]
         self._log(chain, "ours", op.plan.why)
-        return relax.call_tir(gv, args, relax.TensorType(op.out_shape, chain.out_dtype))
+        y = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(op.out_shape, chain.out_dtype)))
+        return relax.op.permute_dims(y, TO_NCHW)
+
+
+TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
+_MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
+_MEAN = tvm.ir.Op.get("relax.mean")
+
+
+def _axes(call) -> list[int] | None:
+    return [int(a) for a in call.attrs.axes] if exprs.is_call(call, _PERMUTE) and call.attrs.axes is not None else None
+
+
+@expr_functor.mutator
+class _ChannelsLast(PyExprMutator):
+    """One sweep: permute_dims(permute_dims(t, TO_NCHW), TO_NHWC) -> t, and an op that only moves
+    values within a tensor's channels or pixels (quantize, dequantize, add, relu, max_pool2d,
+    mean over the pixels) taking `permute_dims(t, TO_NCHW)` for each 4-D input -> the same op on
+    the channels-last `t`, then one permute back. Repeated, the permutes of our channels-last
+    convs meet and cancel across the residual adds and pools between them."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.changed = 0
+
+    def _source(self, expr):
+        """t where `expr` is (a var bound to) permute_dims(t, TO_NCHW); else None."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        return value.args[0] if _axes(value) == TO_NCHW else None
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if _axes(call) == TO_NHWC:
+            t = self._source(call.args[0])
+            if t is not None:
+                self.changed += 1
+                return t
+            return call
+        moved = self._channels_last(call)
+        if moved is None:
+            return call
+        self.changed += 1
+        return relax.op.permute_dims(self.builder_.emit(moved), TO_NCHW)
+
+    def _channels_last(self, call):
+        if not isinstance(call.op, tvm.ir.Op):
+            return None
+        four = [a for a in call.args if exprs.shape(a) is not None and len(exprs.shape(a)) == 4]
+        if not four or any(self._source(a) is None for a in four):
+            return None
+        args = [self._source(a) if a in four else a for a in call.args]
+        op, a = call.op, call.attrs
+        if op.same_as(_QUANTIZE) or op.same_as(_DEQUANTIZE):
+            if any(exprs.shape(x) not in ((), (1,)) for x in call.args[1:]):
+                return None  # per-channel scales on activations: keep the axis where it is
+            make = relax.op.quantize if op.same_as(_QUANTIZE) else relax.op.dequantize
+            return make(args[0], args[1], args[2], axis=3, out_dtype=str(a.out_dtype))
+        if op.same_as(_ADD):
+            if any(exprs.shape(x) is not None and len(exprs.shape(x)) not in (0, 4) for x in call.args):
+                return None
+            return relax.op.add(*args)
+        if op.same_as(_RELU):
+            return relax.op.nn.relu(args[0])
+        if op.same_as(_MAX_POOL) and a.layout == "NCHW" and (a.out_layout in (None, "", "NCHW")):
+            return relax.op.nn.max_pool2d(args[0], [int(v) for v in a.pool_size], [int(v) for v in a.strides],
+                                          [int(v) for v in a.padding], [int(v) for v in a.dilation], bool(a.ceil_mode),
+                                          bool(a.count_include_pad), layout="NHWC", out_layout="NHWC")
+        if op.same_as(_MEAN) and a.axis is not None and sorted(int(v) for v in a.axis) == [2, 3]:
+            if not a.keepdims:
+                return None
+            return relax.op.mean(args[0], axis=[1, 2], keepdims=True)
+        return None
+
+
+def channels_last(mod: tvm.IRModule, sweeps: int = 64) -> tvm.IRModule:
+    """Sweeps of _ChannelsLast until nothing moves, then the permutes nothing reads removed."""
+    for _ in range(sweeps):
+        mutator = _ChannelsLast(mod)
+        mod = exprs.mutate(mod, mutator)
+        if not mutator.changed:
+            break
+    return relax.transform.DeadCodeElimination()(mod)
 
 
 def qdq_convs(mod: tvm.IRModule, target="native", threads=None, report: list | None = None) -> tvm.IRModule:
@@ -363,4 +450,5 @@ def qdq_convs(mod: tvm.IRModule, target="native", threads=None, report: list | N
     int8 conv2d with the requantization fused; chains that do not fit stay (report says why)."""
     report = [] if report is None else report
     mutator = _QdqConvs(mod, target, threads, report)
-    return exprs.mutate(mod, mutator, mutator.plan)
+    mod = exprs.mutate(mod, mutator, mutator.plan)
+    return channels_last(mod) if mutator.chains else mod

@@ -199,3 +199,37 @@ def test_call_time_refusals():
         return
     with pytest.raises(ValueError, match="the Bochs CPU has no AVX-VNNI"):
         schedules.conv2d((1, 8, 5, 5), (8, 8, 3, 3), dtype="uint8", target="x86-avxvnni", emulate=True)
+
+
+@pytest.mark.parametrize("target", ["x86-avx512vnni", "x86-avx2"])
+def test_nhwc_layout_is_the_same_conv_channels_last(target):
+    """data_layout="NHWC": (N, H, W, C) in, (N, OH, OW, O) out, the same values as NCHW's (the
+    GEMM path and the depthwise one, which then keeps channels in the lanes)."""
+    run = _run_args(target)
+
+    @settings(max_examples=8, deadline=None)
+    @given(layers(), st.integers(0, 2**32 - 1))
+    def check(layer, seed):
+        rng = np.random.default_rng(seed)
+        x, w = _values(rng, "uint8", layer["x"]), _values(rng, "int8", layer["w"])
+        q = dict(dtype="uint8", target=target, input_zero_point=int(rng.integers(0, 256)), output_dtype="uint8",
+                 input_scale=0.05, weight_scale=0.01, output_scale=0.1, output_zero_point=5, **run)
+        conv = [layer["stride"], layer["padding"], layer["dilation"], layer["groups"]]
+        nchw = schedules.conv2d(layer["x"], layer["w"], *conv, **q)(x, w)
+        n, c, h, wd = layer["x"]
+        op = schedules.conv2d((n, h, wd, c), layer["w"], *conv, data_layout="NHWC", **q)
+        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w)
+        assert got.shape == (n, *nchw.shape[2:], nchw.shape[1])
+        np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), nchw)
+
+    check()
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(data_layout="NHWC"), "data_layout='NHWC' is an option of the quantized conv2d; float32 takes NCHW"),
+    (dict(data_layout="NCWH", dtype="uint8"), "data_layout must be 'NCHW' or 'NHWC'"),
+    (dict(data_layout="NHWC", dtype="uint8", target="aarch64-neon"), "data_layout='NHWC' is an x86 option"),
+])
+def test_data_layout_refusals(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        schedules.conv2d((1, 5, 5, 8), (8, 8, 3, 3), **kwargs)

@@ -92,6 +92,9 @@ def test_every_conv_runs_ours_in_int8(qdq):
     # the residual add's (DequantizeLinear x2, QuantizeLinear) and the output's DequantizeLinear.
     assert _ops(mod, "relax.quantize") == 6 and _ops(out, "relax.quantize") == 2
     assert _ops(out, "relax.dequantize") == 3
+    # Our convs run channels-last; the permutes around them cancel through the add and the
+    # quantizations between them: one at the input, one at the output.
+    assert _ops(out, "relax.permute_dims") == 2
 
 
 def test_output_within_one_quantization_step_of_onnx_runtime(qdq):

@@ -218,14 +218,14 @@ def run_network(name: str, thread_counts, repeat: int, log, target: str = "nativ
         mod = from_onnx(onnx.load(path), keep_params_in_input=False)
         report: list = []
         vm = relax.VirtualMachine(build(mod, target, report=report), tvm.cpu())
-        convs = [r for r in report if r.get("op") == "qconv2d"]
+        convs = [r for r in report if r.get("op") in ("qconv2d", "qdense")]
         ours_n = sum(r["runs_on"] == "ours" for r in convs)
         log(f"{name}, QDQ (quantize_static: per-channel int8 weights, uint8 activations): {ours_n} of {len(convs)} "
-            f"quantized convs on our int8 conv2d")
+            f"quantized convs and fully connected layers on our int8 conv2d")
         for r in convs:
             if r["runs_on"] != "ours":
                 log(f"  left to TVM: {r['data']} {r['weight']}: {r['reason']}")
-        rest = [r for r in report if r.get("op") != "qconv2d" and r.get("runs_on") == "tvm"]
+        rest = [r for r in report if r.get("op") not in ("qconv2d", "qdense") and r.get("runs_on") == "tvm"]
         log(f"  other ops left on TVM's default lowering: {len(rest)}"
             + (f" ({', '.join(sorted({r['op'] for r in rest}))})" if rest else ""))
         rng = np.random.default_rng(1)

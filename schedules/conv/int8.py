@@ -103,6 +103,15 @@ class Int8Plan:
     def group(self) -> int:
         return 1 if self.depthwise else kernel_group(self.kern)
 
+    def in_place(self, dtype: str) -> bool:
+        """Whether the packed input is the data itself: a channels-last 1x1 stride-1 layer without
+        padding or groups whose rows are whole tiles, on a raw 8-bit tile that takes the data's
+        dtype (nothing to widen, shift or pad). ResNet's and MobileNet's 1x1 layers are."""
+        g = self.g
+        return (self.nhwc and self.parallel and self.dot and dtype == self.packed_dtype and g.kh == g.kw == 1
+                and g.stride == (1, 1) and not any(g.pad) and g.groups == 1 and self.cp == g.c
+                and self.ow_padded == g.w)
+
     @property
     def rows(self) -> bool:
         """Depthwise on x86: NCHW as it is, a row of pixels in the vector lanes (`_render_depthwise_rows`)."""
@@ -280,8 +289,11 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
                 *([buffer("Bias", plan.bias_shape, "int32")] if plan.bias else []),
                 *([buffer("M", (plan.g.o,), "float32")] if requant else []),
                 buffer("Out", plan.out_shape, plan.output_dtype)])
-    return L + [f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')",
-                f"    Acc = T.alloc_buffer({plan.acc_shape}, 'int32')"]
+    if plan.in_place(dtype):  # the data is the packed input already: a view, no pack
+        packed = f"    P = T.decl_buffer({plan.packed_shape}, '{plan.packed_dtype}', data=D.data)"
+    else:
+        packed = f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')"
+    return L + [packed, f"    Acc = T.alloc_buffer({plan.acc_shape}, 'int32')"]
 
 
 def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
@@ -373,7 +385,8 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
     L = _header(plan, dtype)
     if plan.dot and plan.windows:
         L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
-    L += _render_pack(plan, dtype, zp)
+    if not plan.in_place(dtype):
+        L += _render_pack(plan, dtype, zp)
     if plan.parallel:
         # Tiles of one (image, group, output block, row) share nothing with another's: a task
         # each. Rendered here, as TIR's parallel() refuses a loop over the tensorized blocks.
@@ -654,8 +667,9 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
     """The pack and the unpack on all threads. The unpack transposes: it walks NR output channels
     of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
     NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
-    outer = sch.get_loops(sch.get_sblock("pack"))
-    sch.parallel(sch.fuse(*outer[:3]))  # rows of every image (and group)
+    if _has_block(sch, "pack"):
+        outer = sch.get_loops(sch.get_sblock("pack"))
+        sch.parallel(sch.fuse(*outer[:3]))  # rows of every image (and group)
     if _has_block(sch, "store"):  # the tiles store their own output (_tile_store)
         # Vectorized along the channels unless the tile overhangs the group's: TIR would then
         # vectorize the store past the predicate that crops it.

@@ -194,6 +194,8 @@ _QUANTIZE = tvm.ir.Op.get("relax.quantize")
 _ADD = tvm.ir.Op.get("relax.add")
 _RELU = tvm.ir.Op.get("relax.nn.relu")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 
 
 def _scalar_const(expr):
@@ -224,8 +226,10 @@ class _QdqChain:
             self.bias, y = self._bias(b, values), a
         self.conv = values.get(y)
         self.conv_var = y
-        if not exprs.is_call(self.conv, tvm.ir.Op.get("relax.nn.conv2d")):
-            self.why = "QuantizeLinear does not follow a conv2d (+ bias, ReLU)"
+        # A fully connected layer (Gemm: matmul by the transposed weights) is a 1x1 conv of a 1x1 image.
+        self.dense = exprs.is_call(self.conv, _MATMUL)
+        if not exprs.is_call(self.conv, tvm.ir.Op.get("relax.nn.conv2d")) and not self.dense:
+            self.why = "QuantizeLinear does not follow a conv2d or matmul (+ bias, ReLU)"
             return
         self.skipped.append(y)
         if any(uses.get(v, 0) != 1 for v in self.skipped):
@@ -251,14 +255,26 @@ class _QdqChain:
 
     def _read_inputs(self, values: dict) -> None:
         data, weight = self.conv.args
-        dq_x, dq_w = values.get(data), values.get(weight)
         self.feeds += [data, weight]
+        if self.dense:  # weight = permute_dims(dequantize(W (O, K)), [1, 0])
+            t = values.get(weight)
+            if not (exprs.is_call(t, _PERMUTE) and [int(v) for v in t.attrs.axes] == [1, 0]):
+                self.why = "the matmul's weights are not a transposed DequantizeLinear (Gemm's)"
+                return
+            weight = t.args[0]
+            self.feeds.append(weight)
+        dq_x, dq_w = values.get(data), values.get(weight)
         if not exprs.is_call(dq_x, _DEQUANTIZE) or not exprs.is_call(dq_w, _DEQUANTIZE):
             self.why = "the conv's data or weights do not come from DequantizeLinear"
             return
         self.x = dq_x.args[0]
         self.sx, self.zx = _scalar_const(dq_x.args[1]), _scalar_const(dq_x.args[2])
         self.w = exprs.const(dq_w.args[0])
+        if self.dense and self.w is not None:
+            if self.w.ndim != 2 or exprs.shape(dq_x.args[0]) is None or len(exprs.shape(dq_x.args[0])) != 2:
+                self.why = "a matmul of other than (N, K) data by (K, O) weights"
+                return
+            self.w = self.w[:, :, None, None]
         self.sw, zw = exprs.const(dq_w.args[1]), exprs.const(dq_w.args[2])
         self.sy, self.zy = _scalar_const(self.quant.args[1]), _scalar_const(self.quant.args[2])
         self.out_dtype = str(self.quant.attrs.out_dtype)
@@ -307,15 +323,15 @@ class _QdqConvs(PyExprMutator):
                 if exprs.is_call(b.value, _QUANTIZE):
                     chain = _QdqChain(b.value, values, uses)
                     if chain.why:
-                        if exprs.is_call(chain.conv, tvm.ir.Op.get("relax.nn.conv2d")):
+                        if exprs.is_call(chain.conv, tvm.ir.Op.get("relax.nn.conv2d")) or chain.dense:
                             self._log(chain, "tvm", chain.why)
                         continue
                     self.chains[b.var] = chain
                     self.skip.update(chain.skipped)
 
     def _log(self, chain, where, why):
-        entry = {"op": "qconv2d", "data": exprs.shape(chain.conv.args[0]), "weight": exprs.shape(chain.conv.args[1]),
-                 "runs_on": where, "reason": why}
+        entry = {"op": "qdense" if getattr(chain, "dense", False) else "qconv2d", "data": exprs.shape(chain.conv.args[0]),
+                 "weight": exprs.shape(chain.conv.args[1]), "runs_on": where, "reason": why}
         self.report.append(entry)
 
     def visit_var_binding_(self, binding):
@@ -332,10 +348,14 @@ class _QdqConvs(PyExprMutator):
         from ..conv import int8
         from ..conv.geometry import ConvParams, Geometry, PostOps, Quantization
 
-        a = chain.conv.attrs
         o = chain.w.shape[0]
-        params = ConvParams(exprs.shape(chain.x), chain.w.shape, [int(s) for s in a.strides],
-                            [int(p) for p in a.padding], [int(d) for d in a.dilation], int(a.groups))
+        if chain.dense:
+            n, k = exprs.shape(chain.x)
+            params = ConvParams((n, k, 1, 1), chain.w.shape)
+        else:
+            a = chain.conv.attrs
+            params = ConvParams(exprs.shape(chain.x), chain.w.shape, [int(s) for s in a.strides],
+                                [int(p) for p in a.padding], [int(d) for d in a.dilation], int(a.groups))
         bias = chain.bias_int32()
         quant = Quantization(exprs.dtype(chain.x), "int8", int(chain.zx), 0, chain.out_dtype, float(chain.sx),
                              tuple(float(v) for v in np.broadcast_to(chain.sw.reshape(-1), (o,))), float(chain.sy),
@@ -355,15 +375,19 @@ class _QdqConvs(PyExprMutator):
             func = mod["main"].with_attr("global_symbol", name)
             self.funcs[key] = (self.builder_.add_func(func, name), op)
         gv, op = self.funcs[key]
-        x = self.builder_.emit(relax.op.permute_dims(chain.x, TO_NHWC))
+        if chain.dense:  # (N, K) is (N, 1, 1, K) channels-last, as it is
+            x = self.builder_.emit(relax.op.reshape(chain.x, (params.data_shape[0], 1, 1, params.data_shape[1])))
+        else:
+            x = self.builder_.emit(relax.op.permute_dims(chain.x, TO_NHWC))
         args = [x, *(relax.const(v) for v in op._arguments(op.pack_weights(chain.w), bias)[:-1])]
         self._log(chain, "ours", op.plan.why)
         y = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(op.out_shape, chain.out_dtype)))
+        if chain.dense:
+            return relax.op.reshape(y, (params.data_shape[0], o))
         return relax.op.permute_dims(y, TO_NCHW)
 
 
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
-_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
 _MEAN = tvm.ir.Op.get("relax.mean")
 
@@ -443,12 +467,49 @@ def channels_last(mod: tvm.IRModule, sweeps: int = 64) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(mod)
 
 
+def _same_quantization(a, b) -> bool:
+    """Two (scale, zero point) argument pairs that are the same scalar constants."""
+    return all(_scalar_const(x) is not None and _scalar_const(x) == _scalar_const(y) for x, y in zip(a, b))
+
+
+@expr_functor.mutator
+class _IntegerMaxPools(PyExprMutator):
+    """quantize(max_pool2d(dequantize(x, s, z)), s, z) -> max_pool2d(x): with one scale and zero
+    point on both sides the maximum commutes with the (monotonic) quantization, so the pool runs on
+    the 8-bit tensor, a quarter of the float bytes (uint8's padding, 0, is its minimum, as -inf is
+    the float one's)."""
+
+    def __init__(self, mod, report: list):
+        super().__init__(mod)
+        self.report = report
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not exprs.is_call(call, _QUANTIZE):
+            return call
+        pool = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+        if not exprs.is_call(pool, _MAX_POOL):
+            return call
+        dq = self.lookup_binding(pool.args[0]) if isinstance(pool.args[0], relax.Var) else None
+        if not exprs.is_call(dq, _DEQUANTIZE) or not _same_quantization(dq.args[1:], call.args[1:]) \
+                or exprs.dtype(dq.args[0]) != str(call.attrs.out_dtype):
+            return call
+        a = pool.attrs
+        self.report.append({"op": "max_pool2d", "runs_on": "int8",
+                            "reason": "pooled on the 8-bit tensor: one scale and zero point on both sides"})
+        return relax.op.nn.max_pool2d(dq.args[0], [int(v) for v in a.pool_size], [int(v) for v in a.strides],
+                                      [int(v) for v in a.padding], [int(v) for v in a.dilation], bool(a.ceil_mode),
+                                      bool(a.count_include_pad), layout=str(a.layout),
+                                      out_layout=str(a.out_layout) if a.out_layout else None)
+
+
 def qdq_convs(mod: tvm.IRModule, target="native", threads=None, report: list | None = None) -> tvm.IRModule:
     """Every DequantizeLinear -> conv2d -> [+ bias] -> [ReLU] -> QuantizeLinear chain of `mod` (as
     ONNX's QDQ format arrives through tvm.relax.frontend.onnx: per-tensor data and output
     quantization, int8 weights with per-channel scales and zero point 0) replaced by a call of our
     int8 conv2d with the requantization fused; chains that do not fit stay (report says why)."""
     report = [] if report is None else report
+    mod = relax.transform.DeadCodeElimination()(exprs.mutate(mod, _IntegerMaxPools(mod, report)))
     mutator = _QdqConvs(mod, target, threads, report)
     mod = exprs.mutate(mod, mutator, mutator.plan)
     return channels_last(mod) if mutator.chains else mod

@@ -233,3 +233,19 @@ def test_nhwc_layout_is_the_same_conv_channels_last(target):
 def test_data_layout_refusals(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         schedules.conv2d((1, 5, 5, 8), (8, 8, 3, 3), **kwargs)
+
+
+def test_channels_last_1x1_reads_the_data_in_place():
+    """A channels-last 1x1 stride-1 layer whose rows are whole tiles has no pack at all: the
+    tiles read the user's array. Same values as NCHW; a padded or 3x3 layer still packs."""
+    run = _run_args("x86-avx512vnni")
+    rng = np.random.default_rng(4)
+    q = dict(dtype="uint8", target="x86-avx512vnni", input_zero_point=77, output_dtype="uint8", input_scale=0.05,
+             weight_scale=0.01, output_scale=0.1, output_zero_point=5, **run)
+    x, w = _values(rng, "uint8", (2, 32, 7, 14)), _values(rng, "int8", (48, 32, 1, 1))
+    op = schedules.conv2d((2, 7, 14, 32), (48, 32, 1, 1), data_layout="NHWC", **q)
+    assert op.plan.in_place("uint8")
+    got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(got, schedules.conv2d((2, 32, 7, 14), (48, 32, 1, 1), **q)(x, w))
+    assert not schedules.conv2d((2, 7, 14, 32), (48, 32, 1, 1), padding=1, data_layout="NHWC", **q).plan.in_place("uint8")
+    assert not schedules.conv2d((2, 7, 14, 32), (48, 32, 3, 3), data_layout="NHWC", **q).plan.in_place("uint8")

@@ -23,14 +23,17 @@ def _net():
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            self.a = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                   nn.MaxPool2d(3, 2, 1))
             self.b = nn.Sequential(nn.Conv2d(16, 24, 3, stride=2, padding=1), nn.BatchNorm2d(24), nn.ReLU())
             self.c = nn.Conv2d(24, 24, 1)
             self.d = nn.Conv2d(24, 8, 3, padding=1, groups=8)
+            self.fc = nn.Linear(8, 10)
 
         def forward(self, x):
             y = self.b(self.a(x))
-            return self.d(torch.relu(self.c(y) + y))
+            y = self.d(torch.relu(self.c(y) + y))
+            return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(y, 1), 1))
 
     torch.manual_seed(0)
     net = Net()
@@ -53,7 +56,7 @@ def qdq(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("qdq")
     fp32, q = str(d / "net.onnx"), str(d / "net_qdq.onnx")
-    shape = (1, 3, 20, 18)
+    shape = (1, 3, 40, 36)
     torch.onnx.export(_net(), (torch.zeros(shape),), fp32, dynamo=False, opset_version=17, input_names=["x"])
     rng = np.random.default_rng(0)
 
@@ -85,13 +88,21 @@ def test_every_conv_runs_ours_in_int8(qdq):
     mod, _, _ = qdq
     report = []
     out = schedules.relax.optimize(mod, report=report, lower=False)
-    convs = [r for r in report if r["op"] == "qconv2d"]
-    assert len(convs) == 4 and all(r["runs_on"] == "ours" for r in convs), convs
-    assert _ops(out, "relax.nn.conv2d") == 0
-    # Between fused convs nothing is requantized by TVM: what is left is the input's QuantizeLinear,
-    # the residual add's (DequantizeLinear x2, QuantizeLinear) and the output's DequantizeLinear.
-    assert _ops(mod, "relax.quantize") == 6 and _ops(out, "relax.quantize") == 2
-    assert _ops(out, "relax.dequantize") == 3
+    convs = [r for r in report if r["op"] in ("qconv2d", "qdense")]
+    assert len(convs) == 5 and all(r["runs_on"] == "ours" for r in convs), convs
+    assert [r["op"] for r in convs].count("qdense") == 1  # the classifier, as a 1x1 conv
+    assert _ops(out, "relax.nn.conv2d") == 0 and _ops(out, "relax.matmul") == 0
+    # Between fused convs nothing is requantized by TVM. What is left: the input's QuantizeLinear,
+    # the residual add's (DequantizeLinear x2, QuantizeLinear), the average pool's and flatten's
+    # (DequantizeLinear, mean, QuantizeLinear, DequantizeLinear, reshape, QuantizeLinear) and the
+    # output's DequantizeLinear. The max pool runs on the 8-bit tensor: its pair goes too.
+    assert _ops(mod, "relax.quantize") == 10 and _ops(out, "relax.quantize") == 4
+    assert _ops(out, "relax.dequantize") == 5
+    pools = []
+    relax.analysis.post_order_visit(out["main"], lambda e: pools.append(e) if isinstance(e, relax.Call) and isinstance(
+        e.op, tvm.ir.Op) and e.op.name == "relax.nn.max_pool2d" else None)
+    assert len(pools) == 1 and str(pools[0].args[0].ty.dtype) == "uint8"
+    assert any(r["op"] == "max_pool2d" and r["runs_on"] == "int8" for r in report)
     # Our convs run channels-last; the permutes around them cancel through the add and the
     # quantizations between them: one at the input, one at the output.
     assert _ops(out, "relax.permute_dims") == 2

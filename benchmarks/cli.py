@@ -91,6 +91,9 @@ def parser() -> argparse.ArgumentParser:
                    help="int8: each layer quantized (uint8 x int8 -> uint8) on our int8 conv2d beside our float32 one, "
                         "ONNX Runtime and OpenVINO on a one-layer QDQ model (target: native, x86-avx512vnni, "
                         "x86-avxvnni, x86-avx512 or x86-avx2 for the upcast)")
+    c.add_argument("--layout", choices=["NCHW", "NHWC"], default="NCHW",
+                   help="with --dtype int8: our layers' data and output layout (NHWC: channels-last, as the QDQ "
+                        "networks run them); the peers take the NCHW QDQ model either way")
     c.add_argument("--repeat", type=int, default=7)
     c.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     c.add_argument("--plot", metavar="FILE.png", help="also draw the layers on a roofline and ours/PyTorch (the plot extra)")
@@ -239,7 +242,7 @@ def main(argv=None) -> int:
         if args.dtype == "int8":
             from benchmarks import int8
 
-            result = int8.run(layers, threads, args.repeat, log, args.target)
+            result = int8.run(layers, threads, args.repeat, log, args.target, args.layout)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(result, f, indent=2)

@@ -68,17 +68,20 @@ def qdq_model(layer, q: dict, path: str) -> str:
     return path
 
 
-def ours(layer, q: dict, target: str, threads: int):
-    op = schedules.conv2d(*layer.shapes, **layer.kwargs, dtype="uint8", target=target, threads=threads,
+def ours(layer, q: dict, target: str, threads: int, layout: str = "NCHW"):
+    """Our op and its bound call on the layer's data (channels-last data with layout NHWC)."""
+    (n, c, h, w), w_shape = layer.shapes
+    shape = (n, h, w, c) if layout == "NHWC" else (n, c, h, w)
+    op = schedules.conv2d(shape, w_shape, **layer.kwargs, dtype="uint8", target=target, threads=threads,
                           input_zero_point=ZX, output_dtype="uint8", input_scale=SX, weight_scale=q["sw"],
-                          output_scale=SY, output_zero_point=ZY, bias=True)
+                          output_scale=SY, output_zero_point=ZY, bias=True, data_layout=layout)
     return op, op.bind(q["w"], q["bias"])
 
 
-def run(layers, thread_counts, repeat: int, log, target: str = "native") -> dict:
+def run(layers, thread_counts, repeat: int, log, target: str = "native", layout: str = "NCHW") -> dict:
     isa = int_isa(target, resolve(target))
     fisa = float_isa(resolve(target))  # our float32 conv2d at the same vector width
-    log(f"int8 conv2d on {isa.name}, float32 on {fisa.name}; quantization: x uint8 (scale {SX}, zero point {ZX}), weights int8 per "
+    log(f"int8 conv2d on {isa.name} ({layout} data and output), float32 on {fisa.name} (NCHW); quantization: x uint8 (scale {SX}, zero point {ZX}), weights int8 per "
         f"channel, y uint8 (scale {SY}, zero point {ZY}); warm caches, weights packed beforehand")
     skipped = [why for why in map(peers.missing, peers.NEEDS) if why]
     for why in skipped:
@@ -93,8 +96,8 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native") -> dict
             rows = []
             for i, layer in enumerate(layers):
                 q = quantized_layer(layer, seed=i)
-                op, f = ours(layer, q, target, threads)
-                x = q["x"]
+                op, f = ours(layer, q, target, threads, layout)
+                x = q["x"] if layout == "NCHW" else np.ascontiguousarray(q["x"].transpose(0, 2, 3, 1))
                 turns = {"int8": lambda f=f, x=x: f(x)}
                 number = max(1, int(2e-3 / max(_quick(turns["int8"]), 1e-6)))
                 fop = schedules.conv2d(*layer.shapes, **layer.kwargs, target=f"x86-{fisa.name}", threads=threads)
@@ -114,7 +117,9 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native") -> dict
                     if name in ("int8", "f32"):
                         set_threads(threads)
                     secs[name] = seconds_per_call(call, number, repeat, cold=False)
-                got = f(q["x"]).astype(np.int32)
+                got = f(x).astype(np.int32)
+                if layout == "NHWC":
+                    got = got.transpose(0, 3, 1, 2)
                 diff = max((int(np.abs(got - e.run().astype(np.int32)).max()) for e in engines.values()), default=None)
                 best = min((secs[n] for n in engines), default=None)
                 ms = {k: 1e3 * v for k, v in secs.items()}

@@ -68,6 +68,18 @@ def test_bench_gemm_int8_prints_each_isa_peak_and_tile(clone):
         assert 0 < pct < 150, line
 
 
+def test_bench_conv2d_int8_against_the_peers_on_a_qdq_layer(clone):
+    """One ResNet-50 layer quantized: ours (channels-last) beside our float32 and, where the peers
+    extra is installed, ONNX Runtime and OpenVINO on the one-layer QDQ model, outputs compared."""
+    out = cli(clone, "-m", "microkernels", "bench", "conv2d", "--dtype", "int8", "--layers", "1", "--threads", "1",
+              "--repeat", "1", "--layout", "NHWC")
+    row = next(line for line in out.splitlines() if line.strip().startswith("64x56x56->64 k1"))
+    assert "mk_u8s8_gemm" in row or "mk_s16_gemm" in row, row
+    assert "weighted total: int8" in out and "(NHWC data and output)" in out, out
+    if "ORT" in out.split("weighted total")[1]:
+        assert int(row.split()[-1]) <= 1, f"ours differs from a peer by more than one quantization step: {row}"
+
+
 def test_bench_gemm_exhaustive_times_every_tile(clone):
     out = cli(clone, "-m", "microkernels", "bench", "gemm", "--sizes", "96", "--threads", "1", "--repeat", "1",
               "--exhaustive")

@@ -55,31 +55,20 @@ class IntConvTile:
 
     def __post_init__(self):
         normalize_ints(self, ("kh", "kw", "ci", "sw", "dh", "dw"), TileError)
-        if self.ci % self.group:
-            raise TileError(f"{self.kern.name} takes channels in groups of {self.group}; ci={self.ci} is not a multiple")
+        if self.ci % self.kern.group:
+            raise TileError(f"{self.kern.name} takes channels in groups of {self.kern.group}; ci={self.ci} is not a multiple")
         if self.kern.mr < 2:
             raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
-        if self.k_run % self.k_step:
+        if self.k_run % self.kern.k_step:
             raise TileError(f"one kernel call covers {self.k_run} values of K, not a multiple of "
-                            f"{self.kern.name}'s step {self.k_step}; pad the channels")
+                            f"{self.kern.name}'s step {self.kern.k_step}; pad the channels")
         if isinstance(self.kern, IntGemmKernel) and not self.kern.accumulate:
             raise TileError(f"{self.kern.name}: a conv tile accumulates over its calls; use the accumulating kernel")
 
     @property
     def group(self) -> int:
         """k per group of packed B: 4 for sdot and vpdpbusd, 2 for vpmaddwd, 1 for the NEON MACs."""
-        return kernel_group(self.kern)
-
-    @property
-    def k_step(self) -> int:
-        return self.kern.group if isinstance(self.kern, IntGemmKernel) else self.kern.k_step
-
-    @property
-    def dtypes(self) -> tuple[str, str]:
-        """(A, B) element types."""
-        if isinstance(self.kern, IntGemmKernel):
-            return self.kern.a_dtype, self.kern.b_dtype
-        return self.kern.dtype, self.kern.dtype
+        return self.kern.group
 
     @property
     def k_run(self) -> int:
@@ -122,15 +111,8 @@ class IntConvTile:
         return (self.kh, self.kw, self.ci // g, nr, g) if g > 1 else (self.kh, self.kw, self.ci, nr)
 
 
-def kernel_group(kern) -> int:
-    """k per group of `kern`'s packed B (1: B row by row)."""
-    if isinstance(kern, IntGemmKernel):
-        return kern.group
-    return 4 if kern.op == "dot" else 1
-
-
 def _frame(tile: IntConvTile, stride) -> list[str]:
-    (at, bt), ci = tile.dtypes, tile.ci
+    at, bt, ci = tile.kern.a_dtype, tile.kern.b_dtype, tile.ci
     ah, aw = tile.window
     return frame([
         # Pixels are `ci` apart in A, a constant in description and implementation alike: that

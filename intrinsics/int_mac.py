@@ -62,7 +62,7 @@ def _mac_pair(kern: MacKernel, kk: int):
 
 
 def _dot_pair(kern: MacKernel, kk: int):
-    return grouped_pair(kern.mr, kern.nr, 4, "int8", "int8", kern.name, kern.llvm_ir(), kk)
+    return grouped_pair(kern.mr, kern.nr, kern.group, kern.a_dtype, kern.b_dtype, kern.name, kern.llvm_ir(), kk)
 
 
 @functools.lru_cache(maxsize=None)

@@ -65,18 +65,14 @@ class TileLayout:
 
 def b_group(kern) -> int:
     """How many k `kern` takes B in groups of (B packed as (K/G, N, G)); 1: row by row."""
-    if isinstance(kern, IntGemmKernel):
-        return kern.group
-    return 4 if getattr(kern, "op", None) == "dot" else 1
+    return 1 if isinstance(kern, GemmKernel) else kern.group
 
 
 def operand_dtypes(kern) -> tuple[str, str, str]:
     """(A, B, C) element types of `kern`'s tile."""
     if isinstance(kern, GemmKernel):
         return "float32", "float32", "float32"
-    if isinstance(kern, IntGemmKernel):
-        return kern.a_dtype, kern.b_dtype, "int32"
-    return kern.dtype, kern.dtype, "int32"
+    return kern.a_dtype, kern.b_dtype, "int32"
 
 
 def tile_function(kern, lay: TileLayout, zero_c: bool = False) -> tvm.IRModule:

@@ -99,6 +99,11 @@ class IntGemmKernel:
         return OPS[self.isa.name][3]
 
     @property
+    def k_step(self) -> int:
+        """K values per loop iteration: one group."""
+        return self.group
+
+    @property
     def c_dtype(self) -> str:
         return self.requant or "int32"
 

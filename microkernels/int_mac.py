@@ -61,6 +61,19 @@ class MacKernel:
         return _OPS[self.isa.name][2]
 
     @property
+    def group(self) -> int:
+        """k per group of packed B: 4 for sdot (B in quads), 1 for the MACs (B row by row)."""
+        return 4 if self.op == "dot" else 1
+
+    @property
+    def a_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def b_dtype(self) -> str:
+        return self.dtype
+
+    @property
     def macs_per_instruction(self) -> int:
         return 16 if self.op == "dot" else 4
 

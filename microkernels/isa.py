@@ -6,6 +6,7 @@ Everything above this module reads lanes, register counts and LLVM target settin
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 import platform
@@ -71,27 +72,15 @@ AVX2 = Isa(
 
 # The x86 integer kernels' dot-product ISAs. skylake-avx512 plus the one feature, rather than an
 # Ice Lake mcpu, so the compiler uses nothing else a Tiger Lake model (Bochs) or a Zen 4 lacks.
-AVX512_VNNI = Isa(
-    name="avx512vnni",
-    lanes=16,
-    vector_registers=32,
-    vector_bits=512,
-    llvm_target=(("kind", "llvm"), ("mcpu", "skylake-avx512"), ("mattr", ("+avx512vnni",))),
-    host_flags=("avx512f", "avx512bw", "avx512_vnni"),
-    embedded_broadcast=True,
-)
+AVX512_VNNI = dataclasses.replace(
+    AVX512, name="avx512vnni", host_flags=("avx512f", "avx512bw", "avx512_vnni"),
+    llvm_target=(("kind", "llvm"), ("mcpu", "skylake-avx512"), ("mattr", ("+avx512vnni",))))
 
 # AVX-VNNI: the same vpdpbusd, VEX-encoded on ymm, for hosts with it but no AVX-512 (Alder Lake
 # and later client cores; Zen 5 has both).
-AVX_VNNI = Isa(
-    name="avxvnni",
-    lanes=8,
-    vector_registers=16,
-    vector_bits=256,
-    llvm_target=(("kind", "llvm"), ("mcpu", "haswell"), ("mattr", ("+avxvnni",))),
-    host_flags=("avx2", "avx_vnni"),
-    embedded_broadcast=False,
-)
+AVX_VNNI = dataclasses.replace(
+    AVX2, name="avxvnni", host_flags=("avx2", "avx_vnni"),
+    llvm_target=(("kind", "llvm"), ("mcpu", "haswell"), ("mattr", ("+avxvnni",))))
 
 # ARM NEON, for the integer kernels. These never run natively here: an x86 host has no "neon"
 # flag, so require_host refuses them and the schedules run them under qemu-user instead.

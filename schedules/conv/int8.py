@@ -43,7 +43,7 @@ import numpy as np
 import tvm
 from tvm import s_tir
 
-from intrinsics.int_conv import IntConvTile, kernel_group, register_int_conv
+from intrinsics.int_conv import IntConvTile, register_int_conv
 from microkernels import AVX2, AVX512, Isa
 from microkernels.int_gemm import IntGemmKernel
 from microkernels.int_gemm import max_tiles as x86_int_tiles
@@ -97,11 +97,11 @@ class Int8Plan:
     def dot(self) -> bool:
         """The tile multiplies 8-bit values as they are (sdot, vpdpbusd): zero points go through
         the expansion, not the pack."""
-        return not self.depthwise and kernel_group(self.kern) == 4
+        return not self.depthwise and self.kern.group == 4
 
     @property
     def group(self) -> int:
-        return 1 if self.depthwise else kernel_group(self.kern)
+        return 1 if self.depthwise else self.kern.group
 
     def in_place(self, dtype: str) -> bool:
         """Whether the packed input is the data itself: a channels-last 1x1 stride-1 layer without
@@ -141,15 +141,11 @@ class Int8Plan:
     @property
     def packed_dtype(self) -> str:
         """The packed input's (A's) element type."""
-        return self.kern.a_dtype if isinstance(self.kern, IntGemmKernel) else self.kern.dtype
+        return self.kern.a_dtype
 
     @property
     def weight_dtype(self) -> str:
-        return self.kern.b_dtype if isinstance(self.kern, IntGemmKernel) else self.kern.dtype
-
-    @property
-    def k_step(self) -> int:
-        return self.kern.group if isinstance(self.kern, IntGemmKernel) else self.kern.k_step
+        return self.kern.b_dtype
 
     @property
     def cp(self) -> int:
@@ -160,7 +156,7 @@ class Int8Plan:
             return 1
         span = self.g.kw if self.g.dilation[1] == 1 else 1
         cp = self.g.cg
-        while (span * cp) % self.k_step or cp % self.group:
+        while (span * cp) % self.kern.k_step or cp % self.group:
             cp += 1
         return cp
 
@@ -831,7 +827,7 @@ def schedule(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_
     if k > MAX_K:
         raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {MAX_K}, the longest sum of "
                          f"8-bit products (each up to {MAX_PRODUCT}) that int32 holds exactly")
-    if kernel_group(kern) == 4 and not is_depthwise(g):
+    if kern.group == 4 and not is_depthwise(g):
         bound, what = ((MAX_K_VNNI, "vpdpbusd expansion (four terms, each up to 255*128*K)")
                        if isinstance(kern, IntGemmKernel) else (MAX_K_DOT, "sdot expansion (four terms, each up to 128*128*K)"))
         if k > bound:

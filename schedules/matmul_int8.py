@@ -35,7 +35,7 @@ class Int8MatmulOp:
         self.M, self.N, self.K, self.kernel, self.lib = M, N, K, kern, lib
         self.dtype, self.zp, self.threads, self.emulate = dtype, zp, threads, emulate
         g = kern.group
-        self.kp, self.mp, self.np_ = padded_k(K, g), ceil_to(M, kern.mr), ceil_to(N, kern.nr)
+        self.kp, self.np_ = padded_k(K, g), ceil_to(N, kern.nr)
 
     @property
     def raw(self) -> bool:

@@ -45,7 +45,7 @@ from tvm import s_tir
 
 from intrinsics.int_conv import IntConvTile, register_int_conv
 from microkernels import AVX2, AVX512, Isa
-from microkernels.int_gemm import IntGemmKernel
+from microkernels.int_gemm import DEFAULT_TILES, IntGemmKernel
 from microkernels.int_gemm import max_tiles as x86_int_tiles
 from microkernels.int_mac import MacKernel, default_mac_kernel
 
@@ -128,6 +128,8 @@ class Int8Plan:
     def why(self) -> str:
         """Which tile runs the layer, and why that one."""
         kern = self.kern
+        if self.rows:
+            return f"depthwise: a row's pixels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
         if self.depthwise:
             return f"depthwise: channels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
         if isinstance(kern, IntGemmKernel) and kern.op == "u8s8":
@@ -544,10 +546,7 @@ def _schedule_depthwise_rows(sch, plan: Int8Plan) -> None:
     sch.parallel(sch.fuse(*pack[:2]))
     unpack = sch.get_sblock("unpack")
     sch.reverse_compute_at(unpack, y)
-    ow = plan.g.out_hw[1]
-    lanes = next((v for v in (16, 8, 4) if ow % v == 0), None)
-    if lanes:  # a whole row, so no tail: TIR leaves a predicated vector loop scalar
-        sch.vectorize(sch.split(sch.get_loops(unpack)[-1], [None, lanes])[1])
+    _vectorize_whole(sch, sch.get_loops(unpack)[-1], plan.g.out_hw[1])  # the whole row
     init = sch.decompose_reduction(blk, r)
     sch.vectorize(sch.get_loops(init)[-1])
 
@@ -581,8 +580,6 @@ def x86_tile(isa: Isa, g: Geometry | None) -> tuple[int, int]:
     max(multiplies, loads) / 2; times the padding of the output row (to whole MR) and of the
     group's output channels (to whole NR). Ties: the most accumulators."""
     if g is None:
-        from microkernels.int_gemm import DEFAULT_TILES
-
         return DEFAULT_TILES[isa.name]
     ow, og = g.out_hw[1], g.og
     cands = [(mr, nr) for mr, nr in x86_int_tiles(isa, 4 * isa.lanes)
@@ -610,6 +607,8 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
                     parallel=parallel)
     if plan.dot:
         plan = dataclasses.replace(plan, bias=True)  # the expansion's per-channel terms
+    # The buffers the plan sizes, refused before any TIR is made (TVM indexes in int32).
+    check_elements(packed_input=plan.packed_shape, packed_weight=plan.weight_shape, accumulators=plan.acc_shape)
     if plan.rows:
         sch = s_tir.Schedule(parse(_render_depthwise_rows(plan, dtype, zp_x)))
         _schedule_depthwise_rows(sch, plan)
@@ -670,26 +669,28 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
         # Vectorized along the channels unless the tile overhangs the group's: TIR would then
         # vectorize the store past the predicate that crops it.
         if plan.op == plan.g.og:
-            j = sch.get_loops(sch.get_sblock("store"))[-1]
-            lanes = next(v for v in (16, 8, 4) if plan.kern.nr % v == 0)
-            sch.vectorize(sch.split(j, [None, lanes])[1])
+            _vectorize_whole(sch, sch.get_loops(sch.get_sblock("store"))[-1], plan.kern.nr)
         return
     if plan.nhwc:
         # Channels-last on both sides: rows in parallel, the channels of a pixel in the lanes.
         n, y, x, o = sch.get_loops(sch.get_sblock("unpack"))
         sch.parallel(sch.fuse(n, y))
-        lanes = next((v for v in (16, 8, 4) if plan.g.o % v == 0), None)
-        if lanes:
-            sch.vectorize(sch.split(o, [None, lanes])[1])
+        _vectorize_whole(sch, o, plan.g.o)
         return
     n, o, y, x = sch.get_loops(sch.get_sblock("unpack"))
     oo, oi = sch.split(o, [None, plan.kern.nr])
     sch.reorder(n, oo, y, oi, x)
     sch.parallel(sch.fuse(n, oo))
-    ow = plan.g.out_hw[1]
-    lanes = next((v for v in (16, 8, 4) if ow % v == 0), None)
+    _vectorize_whole(sch, x, plan.g.out_hw[1])
+
+
+def _vectorize_whole(sch, loop, extent: int) -> None:
+    """Vectorize `loop` (of `extent`) by the widest of 16, 8, 4 lanes that divides it, or leave it:
+    TIR leaves a vector loop with a predicated tail scalar, and vectorizes a store past the
+    predicate that crops it."""
+    lanes = next((v for v in (16, 8, 4) if extent % v == 0), None)
     if lanes:
-        sch.vectorize(sch.split(x, [None, lanes])[1])
+        sch.vectorize(sch.split(loop, [None, lanes])[1])
 
 
 class Int8Conv2dOp:
@@ -698,7 +699,8 @@ class Int8Conv2dOp:
     on ARM and natively (or on the Bochs CPU, emulate=True) on x86. `op.pack_weights(weight)`
     packs the weights once (a tuple: kernel_vec, plus the per-channel terms on the raw-8-bit
     tiles); `op.run_packed(data, packed, bias=None)` then skips that. `op.asm` is the assembly,
-    `op.plan` a dict saying which tile runs and why."""
+    `op.plan` the Int8Plan (`op.plan.why`: which tile runs and why). `lib` is None for an op
+    that only packs (the Relax pass compiles the module with the model)."""
 
     def __init__(self, g, isa: Isa, lib, plan: Int8Plan, quant: Quantization, zp_x: int, zp_w: int,
                  threads: int | None = None, emulate: bool = False):
@@ -744,7 +746,7 @@ class Int8Conv2dOp:
         for i, (arr, (shape, dt)) in enumerate(zip(packed, specs)):
             check_array(f"packed[{i}]", arr, shape, dt)
         self._check_legalized("data", data)
-        args = [data, *self._arguments(packed, bias)]
+        args = [data, *self.arguments(packed, bias)]
         if self.isa.arch != "x86":
             return qemu.run(self.lib, self.isa.arch, args, [len(args) - 1])[0]
         if self.emulate:
@@ -754,7 +756,7 @@ class Int8Conv2dOp:
         self.lib(*tensors)
         return tensors[-1].numpy()
 
-    def _arguments(self, packed: tuple, bias: np.ndarray | None) -> list[np.ndarray]:
+    def arguments(self, packed: tuple, bias: np.ndarray | None) -> list[np.ndarray]:
         """The compiled function's arguments after the data: packed weights, the per-channel
         int32 terms (the expansion's plus the user's bias), the multipliers, the output."""
         plan, g = self.plan, self.geometry
@@ -783,7 +785,7 @@ class Int8Conv2dOp:
         if self.isa.arch != "x86" or self.emulate:
             raise ValueError("bind() runs the layer natively on x86; use op(data, weight) here")
         packed = self.pack_weights(weight)
-        args = self._arguments(packed, bias)
+        args = self.arguments(packed, bias)
         fixed = [tvm.runtime.tensor(a) for a in args]
         plan = self.plan
 
@@ -802,6 +804,16 @@ def schedule(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_
     """The layer compiled (what conv2d returns for a quantized layer; compiling is cheap). ARM
     ops run under qemu, x86 ones natively or, with emulate, on the Bochs CPU (quant.data_layout:
     NCHW, or NHWC on x86)."""
+    mod, op = prepare(g, isa, quant, post_ops, threads, emulate)
+    op.lib = tvm.compile(mod, target=int_target(op.plan.kern.isa) if isa.arch == "x86" else isa.target)
+    return op
+
+
+def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_POST_OPS,
+            threads: int | None = None, emulate: bool = False) -> tuple[tvm.IRModule, Int8Conv2dOp]:
+    """The layer checked and scheduled, not compiled: (its IRModule, an op without a library,
+    which packs weights and makes the arguments). `schedule` compiles it; the Relax pass adds the
+    module's function to the model instead."""
     data_layout = quant.data_layout
     if data_layout == "NHWC" and isa.arch != "x86":
         raise ValueError("data_layout='NHWC' is an x86 option of the quantized conv2d; the ARM targets take NCHW")
@@ -835,8 +847,5 @@ def schedule(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_
                              "exact in int32")
     output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
               "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC"}
-    sizes = Int8Plan(g, kern, is_depthwise(g), parallel=isa.arch == "x86", nhwc=data_layout == "NHWC")
-    check_elements(packed_input=sizes.packed_shape, packed_weight=sizes.weight_shape, accumulators=sizes.acc_shape)
     mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype, output=output)
-    lib = tvm.compile(mod, target=int_target(plan.kern.isa) if isa.arch == "x86" else isa.target)
-    return Int8Conv2dOp(g, isa, lib, plan, quant, zp_x, zp_w, threads, emulate)
+    return mod, Int8Conv2dOp(g, isa, None, plan, quant, zp_x, zp_w, threads, emulate)

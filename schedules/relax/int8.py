@@ -50,14 +50,15 @@ naming the range either way).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
 
+from ..common.targets import int_isa, resolve
+from ..conv import int8
+from ..conv.geometry import ConvParams, Geometry, PostOps, Quantization
 from ..conv.int8 import MAX_K
 from . import exprs
 
@@ -310,7 +311,8 @@ class _QdqChain:
 class _QdqConvs(PyExprMutator):
     def __init__(self, mod, target, threads, report: list):
         super().__init__(mod)
-        self.target, self.threads, self.report = target, threads, report
+        self.threads, self.report = threads, report
+        self.isa = int_isa(target, resolve(target))
         self.chains: dict = {}  # quantize var -> _QdqChain
         self.skip: set = set()
         self.funcs: dict = {}
@@ -323,14 +325,14 @@ class _QdqConvs(PyExprMutator):
                 if exprs.is_call(b.value, _QUANTIZE):
                     chain = _QdqChain(b.value, values, uses)
                     if chain.why:
-                        if exprs.is_call(chain.conv, tvm.ir.Op.get("relax.nn.conv2d")) or chain.dense:
+                        if exprs.is_call(chain.conv, _CONV2D) or chain.dense:
                             self._log(chain, "tvm", chain.why)
                         continue
                     self.chains[b.var] = chain
                     self.skip.update(chain.skipped)
 
     def _log(self, chain, where, why):
-        entry = {"op": "qdense" if getattr(chain, "dense", False) else "qconv2d", "data": exprs.shape(chain.conv.args[0]),
+        entry = {"op": "qdense" if chain.dense else "qconv2d", "data": exprs.shape(chain.conv.args[0]),
                  "weight": exprs.shape(chain.conv.args[1]), "runs_on": where, "reason": why}
         self.report.append(entry)
 
@@ -344,10 +346,6 @@ class _QdqConvs(PyExprMutator):
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
 
     def _lower(self, chain: _QdqChain):
-        from ..common.targets import int_isa, resolve
-        from ..conv import int8
-        from ..conv.geometry import ConvParams, Geometry, PostOps, Quantization
-
         o = chain.w.shape[0]
         if chain.dense:
             n, k = exprs.shape(chain.x)
@@ -357,21 +355,17 @@ class _QdqConvs(PyExprMutator):
             params = ConvParams(exprs.shape(chain.x), chain.w.shape, [int(s) for s in a.strides],
                                 [int(p) for p in a.padding], [int(d) for d in a.dilation], int(a.groups))
         bias = chain.bias_int32()
+        # Channels-last: the layer reads and writes what its pack and accumulators hold, and the
+        # permutes around it cancel between layers (channels_last).
         quant = Quantization(exprs.dtype(chain.x), "int8", int(chain.zx), 0, chain.out_dtype, float(chain.sx),
                              tuple(float(v) for v in np.broadcast_to(chain.sw.reshape(-1), (o,))), float(chain.sy),
-                             int(chain.zy))
+                             int(chain.zy), data_layout="NHWC")
         post = PostOps(bias is not None, False, "relu" if chain.relu else None)
-        isa = int_isa(self.target, resolve(self.target))
-        g = Geometry.of(params, block=int8.conv_kernel(isa).nr)
-        key = (params, quant, post, isa.name)
+        key = (params, quant, post)
         if key not in self.funcs:
-            # Channels-last: the layer reads and writes what its pack and accumulators hold, and
-            # the permutes around it cancel between layers (channels_last).
-            op = int8.schedule(g, isa, dataclasses.replace(quant, data_layout="NHWC"), post, self.threads)
+            g = Geometry.of(params, block=int8.conv_kernel(self.isa).nr)
+            mod, op = int8.prepare(g, self.isa, quant, post, self.threads)  # compiled with the model
             name = f"mk_qconv2d_{len(self.funcs)}_{op.plan.kern.name}"  # mk_: ours, which rest.py leaves alone
-            mod, _ = int8.build(g, isa, quant.dtype, quant.input_zero_point, output={
-                "output_dtype": quant.output_dtype, "bias": post.bias, "activation": post.activation,
-                "zp_out": quant.output_zero_point, "nhwc": True})
             func = mod["main"].with_attr("global_symbol", name)
             self.funcs[key] = (self.builder_.add_func(func, name), op)
         gv, op = self.funcs[key]
@@ -379,7 +373,7 @@ class _QdqConvs(PyExprMutator):
             x = self.builder_.emit(relax.op.reshape(chain.x, (params.data_shape[0], 1, 1, params.data_shape[1])))
         else:
             x = self.builder_.emit(relax.op.permute_dims(chain.x, TO_NHWC))
-        args = [x, *(relax.const(v) for v in op._arguments(op.pack_weights(chain.w), bias)[:-1])]
+        args = [x, *(relax.const(v) for v in op.arguments(op.pack_weights(chain.w), bias)[:-1])]
         self._log(chain, "ours", op.plan.why)
         y = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(op.out_shape, chain.out_dtype)))
         if chain.dense:

@@ -39,22 +39,29 @@ def measure_peak(isa: Isa, iters: int = 200_000, repeat: int = 5, loads: bool = 
     multiplier loaded from L1 (one load per FMA: the depthwise bound). The best median of
     ROUNDS rounds: a busy neighbour on the shared host only ever lowers it."""
     kern = FmaPeakKernel(isa, loads)
-    buf = tvm.runtime.tensor(np.full(kern.io_floats, 0.5, np.float32))
+    return kern.flops(iters) / _probe_seconds(kern, iters, np.full(kern.io_floats, 0.5, np.float32), repeat) / 1e9
+
+
+def _probe_seconds(kern, iters: int, io: np.ndarray, repeat: int) -> float:
+    """Seconds of one call of a throughput probe on `io`: the best median of ROUNDS rounds (a busy
+    neighbour on the shared host only ever lowers the rate)."""
+    buf = tvm.runtime.tensor(io)
     ev = compile_peak(kern, iters).mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)
-    best = min(statistics.median(ev(buf).results) for _ in range(ROUNDS))
-    return kern.flops(iters) / best / 1e9
+    return min(statistics.median(ev(buf).results) for _ in range(ROUNDS))
 
 
-def compile_peak(kern: FmaPeakKernel, iters: int):
-    """The probe module: main(io) runs the kernel for `iters` iterations on io."""
-    n, sym, ir = kern.io_floats, kern.name, kern.llvm_ir()
+def compile_peak(kern: FmaPeakKernel | DotPeakKernel, iters: int, target: dict | None = None):
+    """The probe module: main(io) runs the FP32 or integer throughput probe for `iters` iterations
+    on io (float32 or int32 elements), compiled for its ISA or `target` (an emulator's stand-in)."""
+    n, dtype = (kern.io_floats, "float32") if isinstance(kern, FmaPeakKernel) else (kern.io_words, "int32")
+    sym, ir = kern.name, kern.llvm_ir()
 
     @T.prim_func(s_tir=True)
-    def probe(io: T.Buffer((n,), "float32")):
+    def probe(io: T.Buffer((n,), dtype)):
         with T.attr(0, "pragma_import_llvm", ir):
             T.evaluate(T.call_extern("void", sym, io.access_ptr("rw"), iters))
 
-    return tvm.compile(tvm.IRModule({"main": probe}), target=kern.isa.target)
+    return tvm.compile(tvm.IRModule({"main": probe}), target=target or kern.isa.target)
 
 
 def tile_gflops(kern: GemmKernel, kc: int = 256, calls: int = 2000, repeat: int = 5) -> float:
@@ -194,23 +201,7 @@ def measure_int_peak(isa: Isa, iters: int = 200_000, repeat: int = 5) -> float:
     instruction (vpdpbusd, or vpmaddwd + vpaddd) on one thread: the integer tiles' peak,
     measured as measure_peak measures the FP32 one."""
     kern = DotPeakKernel(isa)
-    lib = compile_int_peak(kern, iters)
-    buf = tvm.runtime.tensor(np.full(kern.io_words, 3, np.int32))
-    ev = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)
-    best = min(statistics.median(ev(buf).results) for _ in range(ROUNDS))
-    return kern.ops(iters) / best / 1e9
-
-
-def compile_int_peak(kern: DotPeakKernel, iters: int, target: dict | None = None):
-    """The probe module: main(io) runs the kernel for `iters` iterations on io (int32 words)."""
-    n, sym, ir = kern.io_words, kern.name, kern.llvm_ir()
-
-    @T.prim_func(s_tir=True)
-    def probe(io: T.Buffer((n,), "int32")):
-        with T.attr(0, "pragma_import_llvm", ir):
-            T.evaluate(T.call_extern("void", sym, io.access_ptr("rw"), iters))
-
-    return tvm.compile(tvm.IRModule({"main": probe}), target=target or kern.isa.target)
+    return kern.ops(iters) / _probe_seconds(kern, iters, np.full(kern.io_words, 3, np.int32), repeat) / 1e9
 
 
 def int_tile_gops(kern: IntGemmKernel, kc: int = 512, calls: int = 2000, repeat: int = 5) -> float:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from benchmarks.conv2d import dw_loop_gflops, load_workloads
-from benchmarks.gemm import compile_int_peak, compile_peak, measure_peak
+from benchmarks.gemm import compile_peak, measure_peak
 from microkernels import X86_INT_ISAS, FmaPeakKernel, asm
-from microkernels.int_dot_peak import DotPeakKernel
 from microkernels.f32_fma_peak import SLOTS
+from microkernels.int_dot_peak import DotPeakKernel
 from microkernels.isa import best_host_isa
 
 from ..x86_exec import X86, X86_IDS, compile_target, execute, how
@@ -61,7 +61,7 @@ def test_integer_peak_kernel_computes_its_chains(isa):
     lanes, chains = isa.lanes, kern.chains
     rng = np.random.default_rng(2)
     io = rng.integers(-3, 4, kern.io_words).astype(np.int32)
-    got, = execute(compile_int_peak(kern, iters, compile_target(isa)), isa, [io], [0])
+    got, = execute(compile_peak(kern, iters, compile_target(isa)), isa, [io], [0])
     y = io[2 * lanes:].reshape(chains, lanes).astype(np.int64)
     if kern.op == "u8s8":
         m = io[:lanes].view(np.uint8).reshape(lanes, 4).astype(np.int64)
@@ -81,7 +81,7 @@ def test_integer_peak_kernel_computes_its_chains(isa):
 @pytest.mark.parametrize("isa", X86_INT_ISAS.values(), ids=lambda isa: isa.name)
 def test_integer_peak_loop_is_one_instruction_per_chain(isa):
     kern = DotPeakKernel(isa)
-    fn = compile_int_peak(kern, 100).mod.inspect_source("asm")
+    fn = compile_peak(kern, 100).mod.inspect_source("asm")
     loops = [lp for lp in asm.single_block_loops(fn) if any("vpdpbusd" in i or "vpmaddwd" in i for i in lp.body)]
     assert len(loops) == 1
     mul = "vpdpbusd" if kern.op == "u8s8" else "vpmaddwd"

@@ -90,5 +90,5 @@ def test_integer_peak_loop_is_one_instruction_per_chain(isa):
     n = sum(i.startswith(mul) for i in body)
     assert n and n % kern.chains == 0, n
     assert sum(i.startswith("vpaddd") for i in body) == (n if kern.op == "s16" else 0)
-    assert not [i for i in body if i.startswith("vmov") or i.startswith("vpbroadcast")], body
+    assert not [i for i in body if i.startswith(("vmov", "vpbroadcast"))], body
     assert not loops[0].stack_accesses()

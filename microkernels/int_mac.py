@@ -41,6 +41,8 @@ class MacKernel:
     mr: int
     nr: int
 
+    batch_reduce = False  # one call per run of K; a conv tile calls it per kernel row
+
     def __post_init__(self):
         if self.isa.name not in _OPS:
             raise TileError(f"no integer MAC kernel for {self.isa.name}; expected one of {sorted(_OPS)}")

@@ -44,7 +44,10 @@ class Isa:
         flags = host_cpu_flags()
         if flags is None:  # unknown host: let the CPU speak for itself
             return []
-        return [f for f in self.host_flags if f not in flags]
+        missing = [f for f in self.host_flags if f not in flags]
+        if not missing and "amx_tile" in self.host_flags and not request_amx():
+            missing.append("AMX tile data permission (arch_prctl ARCH_REQ_XCOMP_PERM refused)")
+        return missing
 
     def host_supports(self) -> bool:
         return not self.host_missing()
@@ -81,6 +84,15 @@ AVX512_VNNI = dataclasses.replace(
 AVX_VNNI = dataclasses.replace(
     AVX2, name="avxvnni", host_flags=("avx2", "avx_vnni"),
     llvm_target=(("kind", "llvm"), ("mcpu", "haswell"), ("mattr", ("+avxvnni",))))
+
+# AMX-INT8 (Sapphire Rapids and later Xeons): tdpbusd multiplies a 16 x 64 tile of uint8 by a
+# 16 x 16 x 4 tile of int8 into 16 x 16 int32 in one instruction (16384 MACs; vpdpbusd does 64).
+# The tiles' code (microkernels.int_amx) runs beside AVX-512 VNNI code for packing and stores, so
+# the target is the VNNI one plus the two AMX features. Linux lends a process the tile state only
+# when it asks (arch_prctl), which host_missing does.
+AMX_INT8 = dataclasses.replace(
+    AVX512_VNNI, name="amxint8", host_flags=("avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"),
+    llvm_target=(("kind", "llvm"), ("mcpu", "skylake-avx512"), ("mattr", ("+avx512vnni", "+amx-tile", "+amx-int8"))))
 
 # ARM NEON, for the integer kernels. These never run natively here: an x86 host has no "neon"
 # flag, so require_host refuses them and the schedules run them under qemu-user instead.
@@ -159,6 +171,23 @@ def host_cpu_flags() -> frozenset | None:
     """CPU feature flags of this host, or None where they cannot be read (non-Linux)."""
     flags = host_cpuinfo().get("flags")
     return None if flags is None else frozenset(flags.split())
+
+
+@functools.lru_cache(maxsize=1)
+def request_amx() -> bool:
+    """Ask Linux for this process's AMX tile state (ARCH_REQ_XCOMP_PERM for XTILEDATA); without
+    it the first tile instruction raises SIGILL. Process-wide and idempotent; False where refused
+    or not Linux."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    import ctypes
+
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def best_host_isa() -> Isa:

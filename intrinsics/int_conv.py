@@ -9,7 +9,7 @@ On a kernel that takes B in groups of G k (sdot and vpdpbusd: 4, vpmaddwd: 2) th
 in groups, i = G*q + t, and B is (KH, KW, C/G, NR, G). A and B have the kernel's own dtypes
 (uint8 A with int8 B on VNNI).
 C accumulates: the schedule zeroes it in an init block, and the implementation calls the kernel
-once per kernel row r. With dw = 1 the columns of a row (s, i) lie back to back in A, so one
+once per kernel row r, or, for a batch-reduce kernel (the AMX tiles), once for all of them. With dw = 1 the columns of a row (s, i) lie back to back in A, so one
 call covers KW * channels values of K; with dilation it is one call per (r, s).
 
 Loops of extent 1 are left out of the description, as in `f32_conv`, so the TVMScript is
@@ -22,6 +22,7 @@ import functools
 from dataclasses import dataclass
 
 from microkernels import TileError
+from microkernels.int_amx import AmxGemmKernel
 from microkernels.int_gemm import IntGemmKernel
 from microkernels.int_mac import MacKernel
 from microkernels.isa import normalize_ints
@@ -45,7 +46,7 @@ def reduce_axes(kh: int, kw: int, ci: int, group: int = 1) -> list[tuple[str, in
 
 @dataclass(frozen=True)
 class IntConvTile:
-    kern: MacKernel | IntGemmKernel
+    kern: MacKernel | IntGemmKernel | AmxGemmKernel
     kh: int
     kw: int
     ci: int  # packed channels of a group: the pixel stride of A
@@ -141,8 +142,18 @@ def description(tile: IntConvTile) -> str:
 
 
 def implementation(tile: IntConvTile) -> str:
-    """The kernel called once per kernel row (per tap with dilation along the width)."""
+    """The kernel called once per kernel row (per tap with dilation along the width), or once
+    with those rows (taps) as its batch when it is a batch-reduce kernel."""
     nr, ci = tile.kern.nr, tile.ci
+    if tile.kern.batch_reduce:
+        # The batch walks the rows (n1) and, with dilation, the taps of a row (n2); the B panels
+        # follow each other in that order, as the weights are packed (KH, KW, C/G, NR, G).
+        n2, sa2 = (1, 0) if tile.dw == 1 else (tile.kw, tile.dw * ci)
+        return implementation_text(functools.partial(_frame, tile), [
+            f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {tile.sw * ci},"
+            f" B.access_ptr('r'), {tile.group * nr}, C.access_ptr('w'), sc, {tile.k_run}, {tile.kh},"
+            f" {tile.dh} * s1, {n2}, {sa2}, 1, 0))",
+        ])
     calls = [("r", tile.kh)] + ([] if tile.dw == 1 else [("s", tile.kw)])
     a_off = f"r * {tile.dh} * s1" + ("" if tile.dw == 1 else f" + s * {tile.dw * ci}")
     b_off = f"r * {tile.kw * ci * nr}" + ("" if tile.dw == 1 else f" + s * {ci * nr}")
@@ -152,6 +163,23 @@ def implementation(tile: IntConvTile) -> str:
         f" {tile.sw * ci}, B.access_ptr('r', offset={b_off}), {tile.group * nr}, C.access_ptr('w'), sc,"
         f" {tile.k_run}))",
     ])
+
+
+def thread_setup(kern, indent: str) -> tuple[list[str], list[str], dict]:
+    """What a schedule puts around a run of `kern`'s calls on one thread: (statements before,
+    statements after, names they refer to, for the parser). AMX tiles: the tile configuration
+    and its release (microkernels.int_amx), each an opaque block that imports the kernel's IR;
+    other kernels need nothing."""
+    if not isinstance(kern, AmxGemmKernel):
+        return [], [], {}
+
+    def block(name: str, symbol: str) -> list[str]:
+        return [f"{indent}with T.sblock('{name}'):", f"{indent}    T.reads()", f"{indent}    T.writes()",
+                f"{indent}    with T.attr(0, 'pragma_import_llvm', amx_ir):",
+                f"{indent}        T.evaluate(T.call_extern('void', '{symbol}'))"]
+
+    return (block("tile_config", kern.config_symbol), block("tile_release", kern.release_symbol),
+            {"amx_ir": kern.llvm_ir()})
 
 
 @functools.lru_cache(maxsize=None)

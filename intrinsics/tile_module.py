@@ -14,6 +14,7 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from microkernels import GemmKernel
+from microkernels.int_amx import AmxGemmKernel
 from microkernels.int_gemm import IntGemmKernel
 
 from .f32_gemm import register
@@ -149,10 +150,10 @@ def mac_tile_module(kern, k: int):
     return tvm.IRModule({"main": mod["main"].with_attr("global_symbol", "main")})
 
 
-def int_kernel_function(kern: IntGemmKernel, sizes: tuple, offsets: tuple, strides: tuple, k: int,
+def int_kernel_function(kern: IntGemmKernel | AmxGemmKernel, sizes: tuple, offsets: tuple, strides: tuple, k: int,
                         batch: tuple | None = None, requant: tuple | None = None) -> tvm.IRModule:
-    """main(A, B, C[, Bias, Scale]) calling the x86 integer kernel `kern` once, without an
-    intrinsic: the only way to run the batch-reduce and requantizing variants alone (kernel tests,
+    """main(A, B, C[, Bias, Scale]) calling the x86 integer kernel `kern` once (an AMX one between
+    its tile configuration and release), without an intrinsic: the only way to run the batch-reduce and requantizing variants alone (kernel tests,
     dumps). A, B, C are flat buffers of `sizes` elements and the call's pointers start at
     `offsets` into them; strides = (lda, ldb, ldc); batch = (n1, sa1, n2, sa2, n3, sa3) for a
     batch-reduce kernel; requant = (zp, lo, hi) for a requantizing one (Bias and Scale: NR each)."""
@@ -163,7 +164,16 @@ def int_kernel_function(kern: IntGemmKernel, sizes: tuple, offsets: tuple, strid
     head = [*strides[:2], strides[2], k]
     tail = list(batch or ())
     at, bt, ct = kern.a_dtype, kern.b_dtype, kern.c_dtype
-    if requant is None:
+    if isinstance(kern, AmxGemmKernel):  # the tiles configured around the call, as a schedule does
+
+        @T.prim_func(s_tir=True)
+        def call(A: T.Buffer((sa,), at), B: T.Buffer((sb,), bt), C: T.Buffer((sc,), ct)):
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", kern.config_symbol))
+                T.evaluate(T.call_extern("void", sym, A.access_ptr("r", offset=oa), head[0], B.access_ptr("r", offset=ob),
+                                         head[1], C.access_ptr("rw", offset=oc), head[2], head[3], *tail))
+                T.evaluate(T.call_extern("void", kern.release_symbol))
+    elif requant is None:
 
         @T.prim_func(s_tir=True)
         def call(A: T.Buffer((sa,), at), B: T.Buffer((sb,), bt), C: T.Buffer((sc,), ct)):

@@ -7,6 +7,7 @@ from intrinsics import golden
 from microkernels import asm
 from intrinsics.f32_dwconv import DwRow
 from microkernels.f32_wino import WinoKernel
+from microkernels.int_amx import AmxGemmKernel
 from microkernels.int_gemm import IntGemmKernel
 from microkernels.int_mac import MacKernel
 
@@ -43,6 +44,18 @@ def test_k_loop_is_the_tile_and_nothing_else(compiled_tile):
         assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
         problems = asm.mac_loop_problems(loops[0], kern.isa.name, kern.instructions_per_step)
         assert not problems, f"{kern.name}: {problems}\n" + "\n".join(loops[0].body)
+        return
+    if isinstance(kern, AmxGemmKernel):
+        # AMX: per 64-deep step A*B tdpbusd and A+B tileloadd (the operand tiles), nothing else
+        # that touches memory, and the configuration outside.
+        loops = [lp for lp in asm.single_block_loops(fn) if any("tdpbusd" in i for i in lp.body)]
+        assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
+        ops = [i.split()[0] for i in loops[0].body]
+        assert ops.count("tdpbusd") == kern.instructions_per_step, loops[0].body
+        assert ops.count("tileloadd") == kern.a_tiles + kern.b_tiles, loops[0].body
+        assert not any(o.startswith(("tilestore", "ldtilecfg", "vmov", "mov")) and "(%rsp" in i
+                       for o, i in zip(ops, loops[0].body)), loops[0].body
+        assert "ldtilecfg" not in ops and "tilestored" not in ops, loops[0].body
         return
     if isinstance(kern, IntGemmKernel):
         # x86 integer: MR*NR/lanes vpdpbusd (or vpmaddwd + vpaddd), B loads, A vpbroadcastd.

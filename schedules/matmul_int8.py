@@ -16,6 +16,7 @@ from tvm import s_tir, te
 
 from intrinsics.int_gemm import register_int_gemm
 from microkernels.int_gemm import IntGemmKernel, default_int_kernel, max_tiles
+from microkernels.isa import AMX_INT8, AVX512_VNNI
 
 from .common.targets import check_array, check_elements, int_target, set_threads
 from .common.tir import ceil_to
@@ -136,6 +137,8 @@ def matmul_int8(M, N, K, dtype: str, isa, threads=None, a_zero_point: int = 0, e
         raise ValueError(f"K={K} exceeds {MAX_K}, the longest reduction of 8-bit products int32 holds exactly")
     if emulate and isa.name == "avxvnni":
         raise ValueError("emulate=True: the Bochs CPU has no AVX-VNNI; use target 'x86-avx512vnni'")
+    if isa.name == AMX_INT8.name:
+        isa = AVX512_VNNI  # no AMX matmul yet: the AMX host's VNNI tile (the conv2d has the AMX tiles)
     # Narrow products get a narrower tile: NR no wider than N needs, MR as the budget then allows.
     nr = min(default_int_kernel(isa.name).nr, ceil_to(N, isa.lanes))
     mr = min(16, max(m for m, n in max_tiles(isa, nr) if n == nr))

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import tvm_ffi
 
-from microkernels import ARM_ISAS, ISAS, X86_INT_ISAS, Isa, best_host_isa
-from microkernels.isa import MAX_ELEMENTS
+from microkernels import AMX_INT8, ARM_ISAS, ISAS, X86_INT_ISAS, Isa, best_host_isa
+from microkernels.isa import MAX_ELEMENTS, request_amx
 
 PRESETS = {"x86-avx512": "avx512", "x86-avx2": "avx2", "x86-avx512vnni": "avx512vnni", "x86-avxvnni": "avxvnni",
+           "x86-amx": "amxint8",
            "armv7-neon": "neon", "aarch64-neon": "aarch64", "aarch64-dotprod": "aarch64dot"}
 
 # TVM sizes its worker pool once, from this variable, when it first runs parallel code, and
@@ -36,7 +37,7 @@ def resolve(target) -> Isa:
         return best_host_isa()
     if isinstance(target, str) and target in PRESETS:
         name = PRESETS[target]
-        return ISAS.get(name) or X86_INT_ISAS.get(name) or ARM_ISAS[name]
+        return ISAS.get(name) or X86_INT_ISAS.get(name) or {AMX_INT8.name: AMX_INT8}.get(name) or ARM_ISAS[name]
     hint = ""
     if isinstance(target, str) and target.startswith("llvm"):
         hint = " (TVM 0.27 no longer parses target strings such as 'llvm -mcpu=...'; pick a preset)"
@@ -56,30 +57,36 @@ def float_isa(isa: Isa) -> Isa:
 
 def int_isa(target, isa: Isa) -> Isa:
     """The x86 integer tiles' ISA for a target (`isa`: what resolve() made of it). A VNNI preset,
-    or "x86-avx512" / "x86-avx2" (the int16 upcast, VNNI or not), names its ISA; "native" and a
-    Target without CPU are this host's best (VNNI where it has it); a tvm.target.Target gets
-    what its features allow."""
+    "x86-amx", or "x86-avx512" / "x86-avx2" (the int16 upcast, VNNI or not), names its ISA; "native"
+    and a Target without CPU are this host's best (AMX where it has it and the OS lends the tile
+    state, else VNNI where it has it); a tvm.target.Target gets what its features allow."""
     import tvm
 
     if isinstance(target, tvm.target.Target) and (target.attrs.get("mcpu") or target.attrs.get("mattr")):
         from tvm.target import codegen
 
+        if codegen.target_has_features(["amx-int8", "amx-tile", "avx512vnni"], target):
+            return AMX_INT8
         for name, features in (("avx512vnni", ["avx512vnni", "avx512bw"]), ("avxvnni", ["avxvnni", "avx2"]),
                                ("avx512", ["avx512bw"]), ("avx2", ["avx2"])):
             if codegen.target_has_features(features, target):
                 return X86_INT_ISAS[name]
     elif target == "native" or isinstance(target, tvm.target.Target):
-        for cand in X86_INT_ISAS.values():
+        for cand in (AMX_INT8, *X86_INT_ISAS.values()):
             if cand.host_supports():
                 return cand
         raise UnsupportedHostError("this host has none of AVX-512 VNNI, AVX-VNNI, AVX-512BW, AVX2")
-    return X86_INT_ISAS[isa.name]
+    return AMX_INT8 if isa.name == AMX_INT8.name else X86_INT_ISAS[isa.name]
 
 
 def int_target(isa: Isa) -> dict:
     """The target quantized operators compile for: the integer tile's ISA, told not to vectorize
     their pack and unpack transposes with gathers and scatters. LLVM picks them there (17 and 15
     in one small conv layer), they are slow on the cores we know, and the Bochs CPU cannot run them."""
+    if isa.name == AMX_INT8.name:
+        # The process that compiles AMX code usually runs it: ask for the tile state now (a
+        # process that only loads the library must call microkernels.isa.request_amx itself).
+        request_amx()
     target = isa.target
     return {**target, "mattr": [*target.get("mattr", []), "+prefer-no-gather", "+prefer-no-scatter"]}
 

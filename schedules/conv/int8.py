@@ -43,13 +43,20 @@ import numpy as np
 import tvm
 from tvm import s_tir
 
-from intrinsics.int_conv import IntConvTile, register_int_conv
-from microkernels import AVX2, AVX512, Isa
+from intrinsics.int_conv import IntConvTile, register_int_conv, thread_setup
+from microkernels import AMX_INT8, AVX2, AVX512, AVX512_VNNI, Isa
+from microkernels.int_amx import K_DEPTH, AmxGemmKernel, amx_tiles
 from microkernels.int_gemm import DEFAULT_TILES, IntGemmKernel
 from microkernels.int_gemm import max_tiles as x86_int_tiles
 from microkernels.int_mac import MacKernel, default_mac_kernel
 
-from ..common.targets import check_array, check_elements, int_target, set_threads
+from ..common.targets import (
+    check_array,
+    check_elements,
+    int_target,
+    require_host,
+    set_threads,
+)
 from ..common.tir import buffer, ceil_to, header, padded_pack, parse
 from ..emulation import bochs, qemu
 from .geometry import NO_POST_OPS, Geometry, PostOps, Quantization
@@ -66,6 +73,7 @@ MAX_K_DOT = (2**31 - 1) // (4 * 128 * 128)  # 32767
 MAX_K_VNNI = (2**31 - 1) // (4 * 255 * 128)  # 16448
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
 DEPTHWISE_LANES = 8  # int16 channels per q register (ARM); x86: Int8Plan.lanes
+MAX_CHUNKS = 64  # parallel chunks of a tile-local layer (Int8Plan.chunks)
 
 
 def zero_point(name: str, zp, dtype: str) -> int:
@@ -83,7 +91,7 @@ class Int8Plan:
     """Sizes of the packed buffers for one layer (g: the validated conv2d Geometry)."""
 
     g: object
-    kern: MacKernel | IntGemmKernel
+    kern: MacKernel | IntGemmKernel | AmxGemmKernel
     depthwise: bool
     output_dtype: str = "int32"
     bias: bool = False  # a per-channel int32 Bias input: the expansion's terms and the user's bias
@@ -113,6 +121,15 @@ class Int8Plan:
                 and self.ow_padded == g.w)
 
     @property
+    def tile_local(self) -> bool:
+        """Whether the tiles' accumulators live in one scratch tile per chunk of parallel tasks
+        (MR x NR int32, reused by every tile of the chunk, so it stays in L1) and leave
+        requantized right after each tile's reduction (`_tile_store`), instead of in an int32
+        copy of the whole output: channels-last x86 GEMM layers without window sums (weights'
+        zero point 0, as quantizers write them)."""
+        return self.nhwc and self.parallel and not self.depthwise and not (self.dot and self.windows)
+
+    @property
     def rows(self) -> bool:
         """Depthwise on x86: NCHW as it is, a row of pixels in the vector lanes (`_render_depthwise_rows`)."""
         return self.depthwise and self.parallel and not self.nhwc
@@ -132,6 +149,10 @@ class Int8Plan:
             return f"depthwise: a row's pixels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
         if self.depthwise:
             return f"depthwise: channels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
+        if isinstance(kern, AmxGemmKernel):
+            return (f"{kern.name}: AMX tdpbusd, {kern.a_tiles} x {kern.b_tiles} tiles of {kern.rows} pixels x 16 "
+                    f"channels, uint8 x int8 as they are, zero points through the expansion, channels padded "
+                    f"{self.g.cg} -> {self.cp} (K in steps of {K_DEPTH})")
         if isinstance(kern, IntGemmKernel) and kern.op == "u8s8":
             return (f"{kern.name}: vpdpbusd ({kern.isa.name}), uint8 x int8 as they are, zero points through "
                     "the expansion")
@@ -200,9 +221,26 @@ class Int8Plan:
         return (oh - 1) * sh + (g.kh - 1) * dh + 1, (self.ow_padded - 1) * sw + (g.kw - 1) * dw + 1
 
     @property
+    def tasks(self) -> int:
+        """Parallel tasks of the GEMM path: one per image, group, output block and output row."""
+        g = self.g
+        return g.n * g.groups * (self.op // self.kern.nr) * g.out_hw[0]
+
+    @property
+    def chunks(self) -> int:
+        """With tile_local, the parallel loop's extent: the tasks in this many equal chunks, each
+        run in turn by one thread with its own tile of accumulators. The largest divisor of the
+        task count up to MAX_CHUNKS: enough to balance the threads, few enough to keep the
+        accumulator tiles small."""
+        return max(d for d in range(1, min(self.tasks, MAX_CHUNKS) + 1) if self.tasks % d == 0)
+
+    @property
     def acc_shape(self) -> tuple:
-        """The int32 accumulators: (N, Ho, Wo, C in whole vectors) for depthwise, else per
-        group and output block, each row padded to whole tiles (N, G, OB, Ho, Wo padded, NR)."""
+        """The int32 accumulators: (N, Ho, Wo, C in whole vectors) for depthwise; with tile_local
+        one MR x NR tile per chunk of tasks (chunks, MR, NR); else per group and output block,
+        each row padded to whole tiles (N, G, OB, Ho, Wo padded, NR)."""
+        if self.tile_local:
+            return (self.chunks, self.kern.mr, self.kern.nr)
         g, (oh, ow) = self.g, self.g.out_hw
         if self.rows:
             return (g.n, g.c, oh, self.ow_padded)
@@ -318,21 +356,32 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     return padded_pack(4, "P", list(zip(names, plan.packed_shape)), " and ".join(conds), value, zero)
 
 
+def _task(plan: Int8Plan) -> str:
+    """The parallel task (image, group, output block, row) as loop text: f, or with tile-local
+    accumulators the chunk c's fc-th task."""
+    return f"(c * {plan.tasks // plan.chunks} + fc)" if plan.tile_local else "f"
+
+
 def _tile_iters(plan: Int8Plan, columns: list[str]) -> list[str]:
     """A tile block's spatial iterators; `columns` bind its output columns (vm, and vx0). With
     `parallel` (x86) the rows of every image, group and output block are one parallel loop, f."""
     if plan.parallel:
         g, oh = plan.g, plan.g.out_hw[0]
         ob = plan.op // plan.kern.nr
-        rows = [f"vn = T.axis.spatial({g.n}, f // {g.groups * ob * oh})",
-                f"vg = T.axis.spatial({g.groups}, f // {ob * oh} % {g.groups})",
-                f"vob = T.axis.spatial({ob}, f // {oh} % {ob})", f"vy = T.axis.spatial({oh}, f % {oh})"]
+        f = _task(plan)
+        rows = [f"vn = T.axis.spatial({g.n}, {f} // {g.groups * ob * oh})",
+                f"vg = T.axis.spatial({g.groups}, {f} // {ob * oh} % {g.groups})",
+                f"vob = T.axis.spatial({ob}, {f} // {oh} % {ob})", f"vy = T.axis.spatial({oh}, {f} % {oh})"]
+        if plan.tile_local:
+            rows.append(f"vc = T.axis.spatial({plan.chunks}, c)")
     else:
         rows = ["vn, vg, vob, vy = T.axis.remap('SSSS', [n, g, o, y])"]
     return [*rows, *columns, f"vj = T.axis.spatial({plan.kern.nr}, j)"]
 
 
-def _acc(x0: str) -> str:
+def _acc(plan: Int8Plan, x0: str) -> str:
+    if plan.tile_local:
+        return "Acc[vc, vm, vj]"
     return f"Acc[vn, vg, vob, vy, {x0} + vm, vj]"
 
 
@@ -346,7 +395,7 @@ def _conv_block(plan: Int8Plan, tile: IntConvTile, columns: list[str], x0: str, 
     loops = ["m", "j"] + [a for a, _ in axes]
     extents = [plan.kern.mr, plan.kern.nr] + [e for _, e in axes]
     body = [*_tile_iters(plan, columns), *(f"v{a} = T.axis.reduce({e}, {a})" for a, e in axes), *init,
-            f"{_acc(x0)} = {_acc(x0)} + T.Cast('int32', P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}])"
+            f"{_acc(plan, x0)} = {_acc(plan, x0)} + T.Cast('int32', P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}])"
             f" * T.Cast('int32', Wv[vg, vob, {', '.join(tile.b_index(v))}])"]
     return [f"        for {', '.join(loops)} in T.grid({', '.join(map(str, extents))}):",
             "            with T.sblock('conv'):", *(f"                {line}" for line in body)]
@@ -359,7 +408,7 @@ def _tensorized_tile(plan: Int8Plan, tile: IntConvTile) -> list[str]:
     mr, nr = plan.kern.mr, plan.kern.nr
     columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
     return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('zero'):",
-            *(f"                {line}" for line in _tile_iters(plan, columns)), f"                {_acc('vx0')} = 0",
+            *(f"                {line}" for line in _tile_iters(plan, columns)), f"                {_acc(plan, 'vx0')} = 0",
             *_conv_block(plan, tile, columns, "vx0", [])]
 
 
@@ -367,7 +416,7 @@ def _vectorized_tile(plan: Int8Plan, tile: IntConvTile) -> list[str]:
     """The same tile as one reduction block with its init, which `build` reorders and vectorizes:
     TIR vectorizes a reduction only in a block that has its init."""
     columns = [f"vm = T.axis.spatial({plan.ow_padded}, tt * {plan.kern.mr} + m)"]
-    return _conv_block(plan, tile, columns, "0", ["with T.init():", f"    {_acc('0')} = 0"])
+    return _conv_block(plan, tile, columns, "0", ["with T.init():", f"    {_acc(plan, '0')} = 0"])
 
 
 def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0) -> tuple[list[str], IntConvTile]:
@@ -385,16 +434,25 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
         L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
     if not plan.in_place(dtype):
         L += _render_pack(plan, dtype, zp)
+    if plan.tile_local:
+        # The tasks below, in chunks: a chunk's tasks run one after another on one thread, so
+        # they can share its tile of accumulators (a tile per task would be no smaller than the
+        # output). TIR allocates no buffer inside a parallel loop, hence the chunk index.
+        if tile_blocks is not _tensorized_tile:
+            raise ValueError("tile-local accumulators need the tensorized tile (x86 builds always tensorize)")
+        before, after, _ = thread_setup(kern, " " * 6)
+        L += [f"    for c in T.parallel({plan.chunks}):", *before,
+              f"      for fc, tt in T.grid({plan.tasks // plan.chunks}, {owp // mr}):"]
+        return L + tile_blocks(plan, tile) + _tile_store(plan) + after, tile
     if plan.parallel:
         # Tiles of one (image, group, output block, row) share nothing with another's: a task
         # each. Rendered here, as TIR's parallel() refuses a loop over the tensorized blocks.
-        L.append(f"    for f in T.parallel({g.n * g.groups * ob * oh}):")
-        L.append(f"      for tt in T.serial({owp // mr}):")
+        before, after, _ = thread_setup(kern, " " * 6)
+        L += [f"    for f in T.parallel({g.n * g.groups * ob * oh}):", *before, f"      for tt in T.serial({owp // mr}):"]
+        L += tile_blocks(plan, tile) + after
     else:
         L.append(f"    for n, g, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):")
-    L += tile_blocks(plan, tile)
-    if plan.nhwc and plan.parallel and not (plan.dot and plan.windows) and tile_blocks is _tensorized_tile:
-        return L + _tile_store(plan), tile
+        L += tile_blocks(plan, tile)
     out = f"Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]"
     if plan.dot and plan.windows:
         # sum x over each output pixel's window, for the -zw * sum x term of the expansion
@@ -436,11 +494,11 @@ def _tile_store(plan: Int8Plan) -> list[str]:
     if plan.ow_padded != ow:
         cond.append(f"tt * {mr} + m < {ow}")
     if plan.op != g.og:
-        cond.append(f"f // {oh} % {ob} * {nr} + j < {g.og}")
+        cond.append(f"{_task(plan)} // {oh} % {ob} * {nr} + j < {g.og}")
     columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
     o = f"vg * {g.og} + vob * {nr} + vj"
     body = [*_tile_iters(plan, columns), *([f"T.where({' and '.join(cond)})"] if cond else []),
-            f"Out[vn, vy, vx0 + vm, {o}] = {_output(plan, _acc('vx0'), o)}"]
+            f"Out[vn, vy, vx0 + vm, {o}] = {_output(plan, _acc(plan, 'vx0'), o)}"]
     return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('store'):",
             *(f"                {line}" for line in body)]
 
@@ -562,15 +620,57 @@ def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geome
     (legalized) data, which sdot cannot take, and for depthwise layers, whose channels-in-lanes
     path is an s16 MAC: both use AArch64's int16 tile. x86: the ISA's tile (vpdpbusd on the VNNI
     ISAs, vpmaddwd on AVX-512 / AVX2), int16 data and depthwise layers on the vpmaddwd tile of the
-    same width, shaped for the layer `g` (x86_tile)."""
+    same width, shaped for the layer `g` (x86_tile). AMX: its tiles where the layer's channels pad
+    to whole 64-deep K steps cheaply (amx_tile), else the AVX-512 VNNI tile."""
     if isa.arch != "x86":
         if isa.name == "aarch64dot" and (dtype == "int16" or depthwise):
             return default_mac_kernel("aarch64")
         return default_mac_kernel(isa.name)
     if (dtype == "int16" or depthwise) and isa.name not in (AVX512.name, AVX2.name):
         isa = AVX512 if isa.vector_bits == 512 else AVX2
+    if isa.name == AMX_INT8.name:
+        amx = amx_tile(g)
+        if amx is not None:
+            return AmxGemmKernel(*amx)
+        isa = AVX512_VNNI
     mr, nr = x86_tile(isa, g)
     return IntGemmKernel(isa, mr, nr)
+
+
+# Channels padded to whole 64-deep K steps for the AMX tiles: beyond this factor of the layer's
+# own, the padded MACs cost more than AMX's advantage over the VNNI tile (about 4x here) gives back
+# once the pack's extra bytes are counted; MobileNet's 16- to 32-channel layers stay on VNNI.
+AMX_MAX_PADDING = 1.5
+
+
+def amx_padded_channels(g: Geometry) -> int:
+    """Channels per group padded so one kernel call's K (a kernel row's KW * C, or a tap's C with
+    dilation) is a whole number of 64-deep tdpbusd steps."""
+    span = g.kw if g.dilation[1] == 1 else 1
+    cp = ceil_to(g.cg, 4)
+    while (span * cp) % K_DEPTH:
+        cp += 4
+    return cp
+
+
+def amx_tile(g: Geometry | None) -> tuple[int, int, int] | None:
+    """(rows, A tiles, B tiles) of the AMX tile for a layer, or None where the VNNI tile suits it
+    better (channel padding beyond AMX_MAX_PADDING, or no layer given). Of the shapes the eight tile
+    registers allow, the fewest cycles per useful output: a K step issues A*B tdpbusd, each about
+    6 + 0.625 * rows cycles (16 at 16 rows, 11 at 8: measured on a Xeon with AMX), against A+B tile
+    loads of about 8 cycles each; times the padding of the row (to whole MR) and of the group's
+    output channels (to whole NR). Ties: the most C tiles."""
+    if g is None or amx_padded_channels(g) > AMX_MAX_PADDING * g.cg:
+        return None
+    ow, og = g.out_hw[1], g.og
+
+    def cost(t):
+        rows, a, b = t
+        cycles = max(a * b * (6 + 0.625 * rows), 8 * (a + b))
+        waste = ceil_to(ow, a * rows) / ow * ceil_to(og, 16 * b) / og
+        return round(cycles / (a * rows * b) * waste, 3), -a * b, -rows
+
+    return min((t for t in amx_tiles() if 16 * t[2] <= ceil_to(og, 16)), key=cost)
 
 
 def x86_tile(isa: Isa, g: Geometry | None) -> tuple[int, int]:
@@ -629,10 +729,10 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
         sch.vectorize(sch.get_loops(init)[-1])
         return sch.mod, plan
     text, tile = _render_gemm(plan, dtype, zp_x, _tensorized_tile if tensorize else _vectorized_tile, zw8)
-    sch = s_tir.Schedule(parse(text))
+    sch = s_tir.Schedule(parse(text, **thread_setup(plan.kern, "")[2]))
     blk = sch.get_sblock("conv")
     loops = sch.get_loops(blk)
-    outer = 2 if parallel else 5
+    outer = len(loops) - 2 - len(tile.reduce_axes())  # the tile's m, j, then its reduction
     m, j, red = loops[outer], loops[outer + 1], loops[outer + 2:]
     if tensorize:
         sch.vectorize(sch.get_loops(sch.get_sblock("zero"))[-1])
@@ -751,6 +851,7 @@ class Int8Conv2dOp:
             return qemu.run(self.lib, self.isa.arch, args, [len(args) - 1])[0]
         if self.emulate:
             return bochs.run(self.lib, [np.ascontiguousarray(a) for a in args], [len(args) - 1])[0]
+        require_host(plan.kern.isa)  # a tile instruction the CPU lacks (or AMX without the OS's leave) kills the process
         set_threads(self.threads)
         tensors = [tvm.runtime.tensor(a) for a in args]
         self.lib(*tensors)
@@ -784,6 +885,7 @@ class Int8Conv2dOp:
         result is f(data) -> output, which only checks and wraps the data. x86, not emulated."""
         if self.isa.arch != "x86" or self.emulate:
             raise ValueError("bind() runs the layer natively on x86; use op(data, weight) here")
+        require_host(self.plan.kern.isa)
         packed = self.pack_weights(weight)
         args = self.arguments(packed, bias)
         fixed = [tvm.runtime.tensor(a) for a in args]
@@ -817,6 +919,8 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
     data_layout = quant.data_layout
     if data_layout == "NHWC" and isa.arch != "x86":
         raise ValueError("data_layout='NHWC' is an x86 option of the quantized conv2d; the ARM targets take NCHW")
+    if isa.name == AMX_INT8.name and emulate:
+        isa = AVX512_VNNI  # the Bochs CPU has no AMX; its VNNI runs the same arithmetic
     dtype, weight_dtype = quant.dtype, quant.weight_dtype
     for name, dt in (("dtype", dtype), ("weight_dtype", weight_dtype)):
         if dt not in ZERO_POINT_RANGE:

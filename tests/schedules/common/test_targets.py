@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pytest
+import tvm
 
 import microkernels
 from microkernels import ARM_ISAS, ISAS
@@ -15,14 +16,20 @@ from schedules.common import targets
 def test_presets_name_isas():
     assert targets.resolve("x86-avx512") is ISAS["avx512"] and targets.resolve("x86-avx2") is ISAS["avx2"]
     assert targets.resolve("aarch64-dotprod") is ARM_ISAS["aarch64dot"]
-    assert set(targets.PRESETS) == {"x86-avx512", "x86-avx2", "x86-avx512vnni", "x86-avxvnni", "armv7-neon",
-                                    "aarch64-neon", "aarch64-dotprod"}
+    assert set(targets.PRESETS) == {"x86-avx512", "x86-avx2", "x86-avx512vnni", "x86-avxvnni", "x86-amx",
+                                    "armv7-neon", "aarch64-neon", "aarch64-dotprod"}
     # The VNNI presets name the integer tiles' ISAs; the FP32 code runs at their vector width.
     vnni, avxvnni = targets.resolve("x86-avx512vnni"), targets.resolve("x86-avxvnni")
     assert (vnni.name, avxvnni.name) == ("avx512vnni", "avxvnni")
     assert targets.float_isa(vnni) is ISAS["avx512"] and targets.float_isa(avxvnni) is ISAS["avx2"]
     assert targets.int_isa("x86-avx2", ISAS["avx2"]).name == "avx2"  # the upcast, VNNI or not
     assert targets.int_isa("native", ISAS["avx512"]).host_supports()
+    # AMX: its preset, a Target with its features, and "native" on a host that has it.
+    amx = targets.resolve("x86-amx")
+    assert amx.name == "amxint8" and targets.float_isa(amx) is ISAS["avx512"]
+    assert targets.int_isa("x86-amx", amx) is amx
+    assert targets.int_isa(tvm.target.Target(targets.int_target(amx)), ISAS["avx512"]) is amx
+    assert (targets.int_isa("native", ISAS["avx512"]) is amx) == amx.host_supports()
 
 
 @pytest.mark.parametrize("target, msg", [

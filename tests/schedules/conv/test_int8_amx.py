@@ -1,0 +1,128 @@
+"""schedules.conv2d quantized on the AMX tiles (target "x86-amx", and "native" on an AMX host):
+which layers take them and why, and their results bit-exact against the int64 reference and the
+requantized rule, NCHW and channels-last, over strides, dilations, paddings, groups, batches,
+zero points and output channel counts that leave a partial tile.
+
+Coverage by host: the plan tests run everywhere (compiling needs no AMX). The numerics run only
+on a host with amx_tile and amx_int8 whose kernel lends the tile state; no emulator here has
+AMX, so elsewhere they are skipped, saying so (emulate=True runs an AMX target's layers on the
+VNNI tile instead, which the plan test checks)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedules
+from microkernels import AMX_INT8
+from microkernels.int_amx import AmxGemmKernel
+from microkernels.int_gemm import IntGemmKernel
+from schedules.common.tir import ceil_to
+from schedules.conv.int8 import AMX_MAX_PADDING, amx_padded_channels
+
+from ... import conv_reference
+from ...testers.int_gemm import requantize
+
+needs_amx = pytest.mark.skipif(not AMX_INT8.host_supports(),
+                               reason=f"no AMX here ({', '.join(AMX_INT8.host_missing())}); no emulator implements it")
+
+
+def test_layers_with_whole_64_deep_steps_take_amx_and_the_rest_vnni():
+    """64 channels (a 1x1 and a 3x3 row: K in whole steps of 64) go to AMX; 3 channels (the
+    stem: padding to 64 would multiply the work by 21) and 42 (64 > 1.5 * 42) to the VNNI tile of
+    the same host; 43 (64 <= 1.5 * 43) to AMX. The plan says which, and why."""
+    def plan(c, k, **kw):
+        return schedules.conv2d((1, c, 14, 14), (64, c, k, k), padding=k // 2, dtype="uint8", target="x86-amx",
+                                **kw).plan
+
+    for c, k in ((64, 1), (64, 3), (43, 3), (128, 1)):
+        p = plan(c, k)
+        assert isinstance(p.kern, AmxGemmKernel), (c, k, p.why)
+        assert "AMX tdpbusd" in p.why and p.cp == amx_padded_channels(p.g) and (p.cp * k) % 64 == 0
+    for c, k in ((3, 7), (42, 3), (16, 1)):
+        p = plan(c, k)
+        assert isinstance(p.kern, IntGemmKernel) and p.kern.isa.name == "avx512vnni", (c, k, p.why)
+        assert amx_padded_channels(p.g) > AMX_MAX_PADDING * c
+    assert isinstance(plan(64, 3, emulate=True).kern, IntGemmKernel)  # the Bochs CPU has no AMX
+
+
+def test_tile_fits_the_output_row():
+    """A 56- or 28-pixel row in tiles of 2 x 14 pixels (no padded columns), a 7-pixel row in one
+    A tile of 7; the output channels in whole tiles of 16."""
+    def kern(w, o):
+        return schedules.conv2d((1, 64, w, w), (o, 64, 3, 3), padding=1, dtype="uint8", target="x86-amx").plan.kern
+
+    assert (kern(56, 64).mr, kern(28, 128).mr) == (28, 28)
+    k7 = kern(7, 512)
+    assert k7.mr == 7 and k7.a_tiles == 1
+
+
+@st.composite
+def amx_layers(draw):
+    """Layers that take the AMX tile: channels per group near whole 64-deep steps."""
+    groups = draw(st.sampled_from([1, 1, 1, 2]))
+    k = draw(st.sampled_from([1, 3]))
+    dilation = draw(st.sampled_from([1, 1, 2])) if k > 1 else 1
+    cg = draw(st.sampled_from([44, 60, 64, 100, 128]))
+    og = draw(st.integers(1, 70))
+    stride = draw(st.sampled_from([1, 2]))
+    pad = draw(st.integers(0, k // 2 * dilation))
+    span = (k - 1) * dilation + 1
+    h, w = draw(st.integers(max(1, span - 2 * pad), 9)), draw(st.integers(max(1, span - 2 * pad), 33))
+    n = draw(st.sampled_from([1, 1, 2]))
+    return {"x": (n, cg * groups, h, w), "w": (og * groups, cg, k, k), "stride": stride, "padding": pad,
+            "dilation": dilation, "groups": groups}
+
+
+@needs_amx
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_int32_accumulators_match_numpy_exactly(layout):
+    @settings(max_examples=10, deadline=None)
+    @given(amx_layers(), st.integers(0, 2**32 - 1), st.booleans())
+    def check(layer, seed, zero_zp):
+        rng = np.random.default_rng(seed)
+        zp_x = 0 if zero_zp else int(rng.integers(0, 256))
+        zp_w = 0 if zero_zp or rng.random() < 0.5 else int(rng.integers(-128, 128))
+        conv = (layer["stride"], layer["padding"], layer["dilation"], layer["groups"])
+        n, c, h, w = layer["x"]
+        shape = (n, h, w, c) if layout == "NHWC" else layer["x"]
+        op = schedules.conv2d(shape, layer["w"], *conv, dtype="uint8", target="x86-amx", input_zero_point=zp_x,
+                              weight_zero_point=zp_w, data_layout=layout)
+        assert isinstance(op.plan.kern, AmxGemmKernel), op.plan.why
+        x = rng.integers(0, 256, layer["x"]).astype(np.uint8)
+        wt = rng.integers(-128, 128, layer["w"]).astype(np.int8)
+        want = conv_reference.qconv2d(x, wt, zp_x, zp_w, *conv)
+        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if layout == "NHWC" else x, wt)
+        if layout == "NHWC":
+            got = got.transpose(0, 3, 1, 2)
+        bad = got != want
+        assert not bad.any(), f"{bad.sum()} of {got.size} differ ({op.plan.why}); first {np.argwhere(bad)[0]}"
+
+    check()
+
+
+@needs_amx
+@pytest.mark.parametrize("o", [64, 56])
+def test_requantized_channels_last_output_is_onnx_rounding_bit_for_bit(o):
+    """The channels-last path the networks run (tile-local accumulators, each tile requantized as
+    it leaves): per-channel scales, a bias, ReLU, saturation at both ends. 56 output channels take
+    two blocks of 32, the second partial: its 8 extra channels must not be stored, or they land on
+    the next pixel's first channels after the first block's tasks wrote them."""
+    rng = np.random.default_rng(11)
+    x_shape, w_shape = (2, 9, 30, 64), (o, 64, 3, 3)
+    sx, sy, zp = 0.02, 0.05, 131
+    sw = (10.0 ** rng.uniform(-3, -1.5, o)).astype(np.float32)
+    x = rng.integers(0, 256, x_shape).astype(np.uint8)
+    w = rng.integers(-128, 128, w_shape).astype(np.int8)
+    bias = rng.integers(-3000, 3000, o).astype(np.int32)
+    for relu in (False, True):
+        op = schedules.conv2d(x_shape, w_shape, padding=1, dtype="uint8", target="x86-amx", input_zero_point=9,
+                              output_dtype="uint8", input_scale=sx, weight_scale=sw, output_scale=sy,
+                              output_zero_point=zp, bias=True, activation="relu" if relu else None, data_layout="NHWC")
+        assert op.plan.tile_local and isinstance(op.plan.kern, AmxGemmKernel) and op.plan.op == ceil_to(o, 32)
+        acc = conv_reference.qconv2d(x.transpose(0, 3, 1, 2), w, 9, 0, 1, 1, 1, 1) + bias[None, :, None, None]
+        m = np.float32(sx) * sw / np.float32(sy)
+        want = requantize(acc, np.int32(0), m[None, :, None, None], zp, zp if relu else 0, 255, "uint8")
+        got = op.bind(w, bias)(x)
+        np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), want)
+        assert got.min() == (zp if relu else 0) and got.max() == 255, "the data did not saturate"

@@ -21,8 +21,10 @@ from microkernels import (
     default_int_kernel,
     max_tiles,
 )
+from microkernels.int_amx import AmxGemmKernel, AmxPeakKernel
 from microkernels.int_dot_peak import DotPeakKernel
 from microkernels.int_gemm import max_tiles as int_max_tiles
+from microkernels.isa import AMX_INT8
 from schedules.common.targets import require_host, set_threads
 from schedules.common.timing import seconds_per_call, settle
 
@@ -223,6 +225,30 @@ def int_tile_gops(kern: IntGemmKernel, kc: int = 512, calls: int = 2000, repeat:
     return 2 * mr * nr * kc * calls / statistics.median(res) / 1e9
 
 
+def amx_gops(kern, calls: int = 2000, kc: int = 512, repeat: int = 5) -> float:
+    """Integer GOP/s on one thread of an AMX tile (AmxGemmKernel: `calls` calls on L1-resident A
+    and B, kc deep, the tiles configured once around them) or of the tdpbusd probe
+    (AmxPeakKernel: `calls` iterations)."""
+    require_host(AMX_INT8)  # also asks the OS for the tile state, without which tdpbusd is illegal
+    if isinstance(kern, AmxPeakKernel):
+        return kern.ops(calls) / _probe_seconds(kern, calls, np.full(kern.io_words, 3, np.int32), repeat) / 1e9
+    mr, nr, sym, ir = kern.mr, kern.nr, kern.name, kern.llvm_ir()
+
+    @T.prim_func(s_tir=True)
+    def loop(A: T.Buffer((mr * kc,), "uint8"), B: T.Buffer((kc * nr,), "int8"), C: T.Buffer((mr * nr,), "int32")):
+        with T.attr(0, "pragma_import_llvm", ir):
+            T.evaluate(T.call_extern("void", kern.config_symbol))
+            for _r in range(calls):
+                T.evaluate(T.call_extern("void", sym, A.access_ptr("r"), kc, B.access_ptr("r"), 4 * nr,
+                                         C.access_ptr("rw"), nr, kc, 1, 0, 1, 0, 1, 0))
+            T.evaluate(T.call_extern("void", kern.release_symbol))
+
+    lib = tvm.compile(tvm.IRModule({"main": loop}), target=kern.isa.target)
+    args = [tvm.runtime.tensor(np.ones(n, dt)) for n, dt in ((mr * kc, "uint8"), (kc * nr, "int8"), (mr * nr, "int32"))]
+    res = lib.mod.time_evaluator("main", tvm.cpu(), number=3, repeat=repeat)(*args).results
+    return 2 * mr * nr * kc * calls / statistics.median(res) / 1e9
+
+
 def run_int(isas, log, sweep: bool = False) -> dict:
     """`bench gemm --int8`: per integer ISA this host runs, the measured peak of its instruction,
     then the L1-resident rate of the default tile (and with `sweep` every budget tile) as a share of
@@ -249,4 +275,17 @@ def run_int(isas, log, sweep: bool = False) -> dict:
                 f"{g / fp32:4.2f}x FP32 peak{mark}")
             rows.append({"kernel": k.name, "gops": g, "pct_peak": 100 * g / peak})
         out["isas"].append({"isa": isa.name, "peak_gops": peak, "tiles": rows})
+    if AMX_INT8.host_supports():
+        peak = amx_gops(AmxPeakKernel(), calls=200_000)
+        log(f"ISA {AMX_INT8.name}: measured tdpbusd peak, 1 thread: {peak:.1f} GOP/s ({peak / fp32:.2f}x the FP32 peak)")
+        rows = []
+        for rows_, a, b in ((16, 2, 2), (14, 2, 2), (7, 1, 3)):
+            k = AmxGemmKernel(rows_, a, b)
+            g = amx_gops(k)
+            log(f"  tile {k.name:30s} L1-resident: {g:7.1f} GOP/s  {100 * g / peak:5.1f}% of peak  {g / fp32:4.2f}x FP32 peak"
+                + ("  (2x2 of 16 rows)" if rows_ == 16 else ""))
+            rows.append({"kernel": k.name, "gops": g, "pct_peak": 100 * g / peak})
+        out["isas"].append({"isa": AMX_INT8.name, "peak_gops": peak, "tiles": rows})
+    else:
+        log(f"ISA {AMX_INT8.name}: not on this host ({', '.join(AMX_INT8.host_missing())})")
     return out

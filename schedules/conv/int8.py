@@ -100,6 +100,9 @@ class Int8Plan:
     windows: bool = True  # the -zw * sum x term: only where the tile's weights' zero point is not 0
     parallel: bool = False  # all threads (x86); ARM runs single-threaded under qemu
     nhwc: bool = False  # data and output channels-last (x86 GEMM path): no transposes in pack and unpack
+    # A fused quantized residual add, (ratio of y, ratio of r, r's zero point, the sum's zero
+    # point) as Quantization.residual_ratios and its zero points give them; R takes Out's shape.
+    residual: tuple | None = None
 
     @property
     def dot(self) -> bool:
@@ -319,11 +322,13 @@ def _pack_gemm_weights(plan: Int8Plan, w: np.ndarray, dtype) -> np.ndarray:
 
 def _header(plan: Int8Plan, dtype: str) -> list[str]:
     """The entry function of either path, with the packed input P and the int32 accumulators.
-    Arguments: data, packed weights, [Bias (G, O/G) int32], [M (O,) float32 multipliers], Out."""
+    Arguments: data, packed weights, [Bias (G, O/G) int32], [M (O,) float32 multipliers],
+    [R, the residual, Out's shape and dtype], Out."""
     requant = plan.output_dtype != "int32"
     L = header([buffer("D", plan.data_shape, dtype), buffer("Wv", plan.weight_shape, plan.weight_dtype),
                 *([buffer("Bias", plan.bias_shape, "int32")] if plan.bias else []),
                 *([buffer("M", (plan.g.o,), "float32")] if requant else []),
+                *([buffer("R", plan.out_shape, plan.output_dtype)] if plan.residual else []),
                 buffer("Out", plan.out_shape, plan.output_dtype)])
     if plan.in_place(dtype):  # the data is the packed input already: a view, no pack
         packed = f"    P = T.decl_buffer({plan.packed_shape}, '{plan.packed_dtype}', data=D.data)"
@@ -470,14 +475,14 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
             f"    for n, y, x, o in T.grid({g.n}, {oh}, {ow}, {g.o}):",
             "        with T.sblock('unpack'):",
             "            vn, vy, vx, vo = T.axis.remap('SSSS', [n, y, x, o])",
-            f"            Out[vn, vy, vx, vo] = {_output(plan, out, 'vo')}",
+            f"            Out[vn, vy, vx, vo] = {_output(plan, out, 'vo', 'vn, vy, vx, vo')}",
         ]
         return L, tile
     L += [
         f"    for n, o, y, x in T.grid({g.n}, {g.o}, {oh}, {ow}):",
         "        with T.sblock('unpack'):",
         "            vn, vo, vy, vx = T.axis.remap('SSSS', [n, o, y, x])",
-        f"            Out[vn, vo, vy, vx] = {_output(plan, out, 'vo')}",
+        f"            Out[vn, vo, vy, vx] = {_output(plan, out, 'vo', 'vn, vo, vy, vx')}",
     ]
     return L, tile
 
@@ -498,15 +503,16 @@ def _tile_store(plan: Int8Plan) -> list[str]:
     columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
     o = f"vg * {g.og} + vob * {nr} + vj"
     body = [*_tile_iters(plan, columns), *([f"T.where({' and '.join(cond)})"] if cond else []),
-            f"Out[vn, vy, vx0 + vm, {o}] = {_output(plan, _acc(plan, 'vx0'), o)}"]
+            f"Out[vn, vy, vx0 + vm, {o}] = {_output(plan, _acc(plan, 'vx0'), o, f'vn, vy, vx0 + vm, {o}')}"]
     return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('store'):",
             *(f"                {line}" for line in body)]
 
 
-def _output(plan: Int8Plan, acc: str, o: str) -> str:
-    """TVMScript of the output element from its accumulator `acc` (output channel `o`): + Bias,
-    then as Quantization says (int32 as is; 8-bit requantized: round half to even, + zero point,
-    saturate, clamped before the conversion so it stays in range; float32 dequantized)."""
+def _output(plan: Int8Plan, acc: str, o: str, idx: str) -> str:
+    """TVMScript of the output element Out[idx] from its accumulator `acc` (output channel `o`):
+    + Bias, then as Quantization says (int32 as is; 8-bit requantized: round half to even, + zero
+    point, saturate, clamped before the conversion so it stays in range; float32 dequantized),
+    then the fused residual add of R[idx] (Quantization's rule) where the plan has one."""
     og = plan.g.og
     o = f"({o})"
     if plan.bias:
@@ -522,6 +528,15 @@ def _output(plan: Int8Plan, acc: str, o: str) -> str:
     if plan.activation == "relu":
         lo = max(lo, zp)
     clamped = f"T.max(T.min(T.round({real}), T.float32({hi - zp})), T.float32({lo - zp}))"
+    if plan.residual is not None:
+        # y - zp is the clamped value itself; the sum is clamped to the dtype's range around its
+        # own zero point, then converted, as above.
+        ra, rb, zr, zz = plan.residual
+        lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[out]
+        total = (f"T.float32({ra!r}) * {clamped} + T.float32({rb!r}) * "
+                 f"T.Cast('float32', T.Cast('int32', R[{idx}]) - T.int32({zr}))")
+        clamped = f"T.max(T.min(T.round({total}), T.float32({hi - zz})), T.float32({lo - zz}))"
+        zp = zz
     return f"T.Cast('{out}', T.Cast('int32', {clamped}) + T.int32({zp}))"
 
 
@@ -544,13 +559,13 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         L += [f"    for n, y, x, c in T.grid({g.n}, {oh}, {ow}, {g.c}):",
               "        with T.sblock('unpack'):",
               "            vn, vy, vx, vc = T.axis.remap('SSSS', [n, y, x, c])",
-              f"            Out[vn, vy, vx, vc] = {_output(plan, 'Acc[vn, vy, vx, vc]', 'vc')}"]
+              f"            Out[vn, vy, vx, vc] = {_output(plan, 'Acc[vn, vy, vx, vc]', 'vc', 'vn, vy, vx, vc')}"]
         return L
     L += [
         f"    for n, c, y, x in T.grid({g.n}, {g.c}, {oh}, {ow}):",
         "        with T.sblock('unpack'):",
         "            vn, vc, vy, vx = T.axis.remap('SSSS', [n, c, y, x])",
-        f"            Out[vn, vc, vy, vx] = {_output(plan, 'Acc[vn, vy, vx, vc]', 'vc')}",
+        f"            Out[vn, vc, vy, vx] = {_output(plan, 'Acc[vn, vy, vx, vc]', 'vc', 'vn, vc, vy, vx')}",
     ]
     return L
 
@@ -584,7 +599,7 @@ def _render_depthwise_rows(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         f"    for n, c, y, x in T.grid({g.n}, {g.c}, {oh}, {ow}):",
         "        with T.sblock('unpack'):",
         "            vn, vc, vy, vx = T.axis.remap('SSSS', [n, c, y, x])",
-        f"            Out[vn, vc, vy, vx] = {_output(plan, 'Acc[vn, vc, vy, vx]', 'vc')}",
+        f"            Out[vn, vc, vy, vx] = {_output(plan, 'Acc[vn, vc, vy, vx]', 'vc', 'vn, vc, vy, vx')}",
     ]
     return L
 
@@ -724,6 +739,12 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
         sch.vectorize(ci)
         if parallel:  # before the init block is split off: parallel() takes a whole reduction block
             sch.parallel(sch.fuse(n, y))
+            if plan.nhwc:
+                # Each pixel's accumulators leave requantized right after its taps, while they
+                # are in L1, instead of in a second pass over an int32 copy of the output.
+                unpack = sch.get_sblock("unpack")
+                sch.reverse_compute_at(unpack, x)
+                _vectorize_whole(sch, sch.get_loops(unpack)[-1], plan.g.c)
             _parallel_stages(sch, plan)
         init = sch.decompose_reduction(blk, r)
         sch.vectorize(sch.get_loops(init)[-1])
@@ -763,14 +784,19 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
     of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
     NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
     if _has_block(sch, "pack"):
+        # Rows of every image (and group) in parallel, a row's pixels in turn and their
+        # channels in the vector lanes (the innermost loop, contiguous on both sides).
         outer = sch.get_loops(sch.get_sblock("pack"))
-        sch.parallel(sch.fuse(*outer[:3]))  # rows of every image (and group)
+        sch.parallel(sch.fuse(*outer[:-2]))
+        _vectorize_whole(sch, outer[-1], plan.packed_shape[-1])
     if _has_block(sch, "store"):  # the tiles store their own output (_tile_store)
         # Vectorized along the channels unless the tile overhangs the group's: TIR would then
         # vectorize the store past the predicate that crops it.
         if plan.op == plan.g.og:
             _vectorize_whole(sch, sch.get_loops(sch.get_sblock("store"))[-1], plan.kern.nr)
         return
+    if plan.nhwc and plan.depthwise:
+        return  # computed per pixel inside the conv's rows (build)
     if plan.nhwc:
         # Channels-last on both sides: rows in parallel, the channels of a pixel in the lanes.
         n, y, x, o = sch.get_loops(sch.get_sblock("unpack"))
@@ -837,7 +863,8 @@ class Int8Conv2dOp:
         self._check_legalized("weight", weight)
         return pack_weights(self.plan, weight, self.zp_w, self.zp_x + data_shift(self.plan, self.dtype))
 
-    def run_packed(self, data: np.ndarray, packed: tuple, bias: np.ndarray | None = None) -> np.ndarray:
+    def run_packed(self, data: np.ndarray, packed: tuple, bias: np.ndarray | None = None,
+                   residual: np.ndarray | None = None) -> np.ndarray:
         plan = self.plan
         check_array("data", data, plan.data_shape, self.dtype)
         specs = [(plan.weight_shape, plan.weight_dtype)] + ([(plan.bias_shape, "int32")] if plan.dot else [])
@@ -846,7 +873,7 @@ class Int8Conv2dOp:
         for i, (arr, (shape, dt)) in enumerate(zip(packed, specs)):
             check_array(f"packed[{i}]", arr, shape, dt)
         self._check_legalized("data", data)
-        args = [data, *self.arguments(packed, bias)]
+        args = [data, *self.arguments(packed, bias, residual)]
         if self.isa.arch != "x86":
             return qemu.run(self.lib, self.isa.arch, args, [len(args) - 1])[0]
         if self.emulate:
@@ -857,9 +884,26 @@ class Int8Conv2dOp:
         self.lib(*tensors)
         return tensors[-1].numpy()
 
-    def arguments(self, packed: tuple, bias: np.ndarray | None) -> list[np.ndarray]:
-        """The compiled function's arguments after the data: packed weights, the per-channel
-        int32 terms (the expansion's plus the user's bias), the multipliers, the output."""
+    def arguments(self, packed: tuple, bias: np.ndarray | None, residual: np.ndarray | None = None) -> list[np.ndarray]:
+        """The compiled function's arguments after the data: `constants`, the residual (with a
+        fused residual add), a new output array."""
+        return [*self.constants(packed, bias), *self._residual(residual),
+                np.zeros(self.out_shape, self.plan.output_dtype)]
+
+    def _residual(self, residual: np.ndarray | None) -> list[np.ndarray]:
+        """[residual] checked, or [] for an op without a residual add."""
+        plan = self.plan
+        if (residual is None) != (plan.residual is None):
+            raise TypeError("this op adds a residual: pass residual= (the output's shape and dtype)" if residual is None
+                            else "this op was compiled without a residual add (conv2d(..., residual=True, ...))")
+        if residual is None:
+            return []
+        check_array("residual", residual, plan.out_shape, plan.output_dtype)
+        return [residual]
+
+    def constants(self, packed: tuple, bias: np.ndarray | None) -> list[np.ndarray]:
+        """The arguments that stay fixed from call to call: packed weights, the per-channel int32
+        terms (the expansion's plus the user's bias), the multipliers."""
         plan, g = self.plan, self.geometry
         args = [packed[0]]
         if plan.bias:
@@ -874,11 +918,11 @@ class Int8Conv2dOp:
             raise TypeError("this op was compiled without bias (conv2d(..., bias=True) takes one)")
         if self.multipliers is not None:
             args.append(self.multipliers)
-        args.append(np.zeros(self.out_shape, plan.output_dtype))
         return args
 
-    def __call__(self, data: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        return self.run_packed(data, self.pack_weights(weight), bias)
+    def __call__(self, data: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+                 residual: np.ndarray | None = None) -> np.ndarray:
+        return self.run_packed(data, self.pack_weights(weight), bias, residual)
 
     def bind(self, weight: np.ndarray, bias: np.ndarray | None = None):
         """Pack `weight` (and fold `bias` with the zero-point terms) once, into TVM tensors; the
@@ -886,17 +930,17 @@ class Int8Conv2dOp:
         if self.isa.arch != "x86" or self.emulate:
             raise ValueError("bind() runs the layer natively on x86; use op(data, weight) here")
         require_host(self.plan.kern.isa)
-        packed = self.pack_weights(weight)
-        args = self.arguments(packed, bias)
-        fixed = [tvm.runtime.tensor(a) for a in args]
         plan = self.plan
+        fixed = [tvm.runtime.tensor(a) for a in self.constants(self.pack_weights(weight), bias)]
+        out = tvm.runtime.tensor(np.zeros(self.out_shape, plan.output_dtype))
 
-        def run(data: np.ndarray) -> np.ndarray:
+        def run(data: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
             check_array("data", data, plan.data_shape, self.dtype)
             self._check_legalized("data", data)
+            extra = [tvm.runtime.tensor(r) for r in self._residual(residual)]
             set_threads(self.threads)
-            self.lib(tvm.runtime.tensor(data), *fixed)
-            return fixed[-1].numpy()
+            self.lib(tvm.runtime.tensor(data), *fixed, *extra, out)
+            return out.numpy()
 
         return run
 
@@ -931,8 +975,11 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
                          "zero-point-free form, for data and weights together")
     zp_x = zero_point("input_zero_point", quant.input_zero_point, dtype)
     zp_w = zero_point("weight_zero_point", quant.weight_zero_point, weight_dtype)
-    if post_ops.residual:
-        raise ValueError("a fused residual is not available on the quantized conv2d yet; add it after the layer")
+    if post_ops.residual != quant.adds_residual:
+        raise ValueError("a fused residual on the quantized conv2d is the quantized add: residual=True with "
+                         "residual_scale, residual_zero_point, sum_scale and sum_zero_point, together")
+    if post_ops.residual and isa.arch != "x86":
+        raise ValueError("the fused quantized residual add is an x86 option; the ARM targets add it after the layer")
     if post_ops.activation == "clip":
         raise ValueError("activation 'clip' is not available on the quantized conv2d; a requantized output "
                          "saturates to its dtype, and 'relu' raises the lower bound to the output zero point")
@@ -949,7 +996,8 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
         if k > bound:
             raise ValueError(f"reduction length C/groups*KH*KW = {k} exceeds {bound}, the longest the {what} keeps "
                              "exact in int32")
+    residual = (*quant.residual_ratios(), quant.residual_zero_point, quant.sum_zero_point) if post_ops.residual else None
     output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
-              "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC"}
+              "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC", "residual": residual}
     mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype, output=output)
     return mod, Int8Conv2dOp(g, isa, None, plan, quant, zp_x, zp_w, threads, emulate)

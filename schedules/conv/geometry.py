@@ -316,7 +316,17 @@ class Quantization:
     q = saturate(round_half_even(float32(acc) * m[o]) + output_zero_point), with the float32
     multiplier m[o] = input_scale * weight_scale[o] / output_scale (float32 arithmetic).
     "float32" dequantizes: float32(acc) * input_scale * weight_scale[o]. weight_scale is one
-    float or one per output channel; scales must be finite and positive."""
+    float or one per output channel; scales must be finite and positive.
+
+    A fused residual add (PostOps.residual, 8-bit outputs): the QDQ graph's quantized conv output
+    y, dequantized and added to a dequantized residual r (the output's dtype, residual_scale,
+    residual_zero_point), the sum quantized again (sum_scale, sum_zero_point), as ONNX Runtime's
+    QLinearAdd computes it, with float32 ratios a = output_scale / sum_scale and
+    b = residual_scale / sum_scale:
+        z = saturate(round_half_even((y - output_zero_point) * a + (r - residual_zero_point) * b)
+                     + sum_zero_point)
+    ONNX's own rule divides the float sum by sum_scale instead; the two differ by at most one
+    quantization step, where a value lands within a rounding error of a half."""
 
     dtype: object = "int8"
     weight_dtype: object = None
@@ -330,6 +340,10 @@ class Quantization:
     # "NHWC": data (N, H, W, C) and output (N, OH, OW, O), channels-last as the x86 pack and
     # accumulators are, so neither stage transposes (OIHW weights either way). x86 only.
     data_layout: object = "NCHW"
+    residual_scale: object = None
+    residual_zero_point: object = 0
+    sum_scale: object = None
+    sum_zero_point: object = 0
 
     def __post_init__(self):
         if self.data_layout not in ("NCHW", "NHWC"):
@@ -361,6 +375,38 @@ class Quantization:
             what = f"[{lo}, {hi}] for {out}" if out in ("uint8", "int8") else f"0 for output_dtype {out!r}"
             raise ValueError(f"output_zero_point={zp} is out of range: must be {what}")
         object.__setattr__(self, "output_zero_point", int(zp))
+        self._check_residual(out, lo, hi)
+
+    def _check_residual(self, out: str, lo: int, hi: int) -> None:
+        scales = (self.residual_scale, self.sum_scale)
+        if all(v is None for v in scales):
+            if self.residual_zero_point or self.sum_zero_point:
+                raise ValueError("residual_zero_point and sum_zero_point apply to a fused residual add "
+                                 "(residual_scale and sum_scale)")
+            return
+        if out not in ("uint8", "int8"):
+            raise ValueError(f"a quantized residual add (residual_scale, sum_scale) needs an 8-bit output_dtype, got {out!r}")
+        if None in scales:
+            raise ValueError("a quantized residual add needs both residual_scale and sum_scale")
+        for name in ("residual_scale", "sum_scale"):
+            object.__setattr__(self, name, _scales(name, getattr(self, name), per_channel=False))
+        for name in ("residual_zero_point", "sum_zero_point"):
+            zp = getattr(self, name)
+            if isinstance(zp, (bool, np.bool_)) or not isinstance(zp, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {type(zp).__name__}")
+            if not lo <= zp <= hi:
+                raise ValueError(f"{name}={zp} is out of range: must be [{lo}, {hi}] for {out} (the residual and the "
+                                 "sum take the output's dtype)")
+            object.__setattr__(self, name, int(zp))
+
+    @property
+    def adds_residual(self) -> bool:
+        return self.sum_scale is not None
+
+    def residual_ratios(self) -> tuple[float, float]:
+        """(output_scale / sum_scale, residual_scale / sum_scale), each in float32."""
+        sz = np.float32(self.sum_scale[0])
+        return float(np.float32(self.output_scale[0]) / sz), float(np.float32(self.residual_scale[0]) / sz)
 
     @property
     def requantizes(self) -> bool:

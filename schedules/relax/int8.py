@@ -215,6 +215,7 @@ class _QdqChain:
     def __init__(self, quant, values: dict, uses: dict):
         self.why, self.skipped = "", []
         self.quant = quant
+        self.residual = None  # (r, its scale, its zero point, the sum's scale, zero point) once fused
         y = quant.args[0]
         self.relu = False
         if exprs.is_call(values.get(y), _RELU):
@@ -330,6 +331,39 @@ class _QdqConvs(PyExprMutator):
                         continue
                     self.chains[b.var] = chain
                     self.skip.update(chain.skipped)
+            for b in blk.bindings:
+                self._fuse_residual(b, values, uses)
+
+    def _fuse_residual(self, binding, values: dict, uses: dict) -> None:
+        """quantize(add(dequantize(y), dequantize(r))) where y is a conv chain's output read by
+        nothing else: the chain takes the add into its store (Quantization's residual add) and
+        is emitted here, at the sum, instead of at y."""
+        q = binding.value
+        if not exprs.is_call(q, _QUANTIZE) or not exprs.is_call(values.get(q.args[0]), _ADD) or uses.get(q.args[0]) != 1:
+            return
+        add = values[q.args[0]]
+        for mine, other in ((0, 1), (1, 0)):
+            dq_y, dq_r = values.get(add.args[mine]), values.get(add.args[other])
+            if not (exprs.is_call(dq_y, _DEQUANTIZE) and exprs.is_call(dq_r, _DEQUANTIZE)):
+                return
+            y = dq_y.args[0]
+            chain = self.chains.get(y)
+            if chain is None or chain.dense or chain.residual is not None or uses.get(y) != 1 \
+                    or uses.get(add.args[mine]) != 1:
+                continue
+            r = dq_r.args[0]
+            scales = [_scalar_const(v) for v in (dq_y.args[1], dq_y.args[2], dq_r.args[1], dq_r.args[2], q.args[1],
+                                                  q.args[2])]
+            if None in scales or scales[:2] != [chain.sy, chain.zy] or str(q.attrs.out_dtype) != chain.out_dtype \
+                    or exprs.dtype(r) != chain.out_dtype or exprs.shape(r) != exprs.shape(chain.quant.args[0]):
+                continue
+            chain.residual = (r, float(scales[2]), int(scales[3]), float(scales[4]), int(scales[5]))
+            del self.chains[y]
+            self.chains[binding.var] = chain
+            self.skip.update([y, q.args[0], add.args[mine]])
+            if uses.get(add.args[other]) == 1:
+                self.skip.add(add.args[other])
+            return
 
     def _log(self, chain, where, why):
         entry = {"op": "qdense" if chain.dense else "qconv2d", "data": exprs.shape(chain.conv.args[0]),
@@ -357,10 +391,14 @@ class _QdqConvs(PyExprMutator):
         bias = chain.bias_int32()
         # Channels-last: the layer reads and writes what its pack and accumulators hold, and the
         # permutes around it cancel between layers (channels_last).
+        res = {}
+        if chain.residual is not None:
+            _, sr, zr, sz, zz = chain.residual
+            res = {"residual_scale": sr, "residual_zero_point": zr, "sum_scale": sz, "sum_zero_point": zz}
         quant = Quantization(exprs.dtype(chain.x), "int8", int(chain.zx), 0, chain.out_dtype, float(chain.sx),
                              tuple(float(v) for v in np.broadcast_to(chain.sw.reshape(-1), (o,))), float(chain.sy),
-                             int(chain.zy), data_layout="NHWC")
-        post = PostOps(bias is not None, False, "relu" if chain.relu else None)
+                             int(chain.zy), data_layout="NHWC", **res)
+        post = PostOps(bias is not None, chain.residual is not None, "relu" if chain.relu else None)
         key = (params, quant, post)
         if key not in self.funcs:
             g = Geometry.of(params, block=int8.conv_kernel(self.isa).nr)
@@ -373,8 +411,11 @@ class _QdqConvs(PyExprMutator):
             x = self.builder_.emit(relax.op.reshape(chain.x, (params.data_shape[0], 1, 1, params.data_shape[1])))
         else:
             x = self.builder_.emit(relax.op.permute_dims(chain.x, TO_NHWC))
-        args = [x, *(relax.const(v) for v in op.arguments(op.pack_weights(chain.w), bias)[:-1])]
-        self._log(chain, "ours", op.plan.why)
+        args = [x, *(relax.const(v) for v in op.constants(op.pack_weights(chain.w), bias))]
+        if chain.residual is not None:
+            args.append(self.builder_.emit(relax.op.permute_dims(chain.residual[0], TO_NHWC)))
+        self._log(chain, "ours", op.plan.why + ("; the quantized residual add fused into its store"
+                                                if chain.residual is not None else ""))
         y = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(op.out_shape, chain.out_dtype)))
         if chain.dense:
             return relax.op.reshape(y, (params.data_shape[0], o))

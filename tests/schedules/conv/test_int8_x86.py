@@ -140,6 +140,41 @@ def test_requantized_output_is_onnx_rounding_bit_for_bit(target, out):
             assert got.min() == (max(lo, zp) if relu else lo) and got.max() == hi, "the data did not saturate"
 
 
+@pytest.mark.parametrize("target", ["x86-avx512vnni", "x86-avx2"])
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_fused_residual_add_is_the_qlinearadd_rule_bit_for_bit(target, layout):
+    """The quantized residual add in the store: the requantized conv output y and the residual r,
+    z = saturate(round((y - zy) * float32(sy / sz) + (r - zr) * float32(sr / sz)) + zz) (float32,
+    ONNX Runtime's QLinearAdd), written plainly in numpy; z reaches both ends of uint8 and lies
+    within one step of ONNX's own rule (dequantize, add, divide by the sum's scale). Channels-last
+    (the tile-local store) and NCHW (the unpack)."""
+    run = _run_args(target)
+    rng = np.random.default_rng(7)
+    n, c, h, w, o = 2, 19, 9, 10, 37
+    sx, sy, sr, sz, zx, zy, zr, zz = 0.02, 0.05, 0.07, 0.03, 9, 131, 120, 3
+    sw = (10.0 ** rng.uniform(-3, -1.5, o)).astype(np.float32)
+    x, w8 = _values(rng, "uint8", (n, c, h, w)), _values(rng, "int8", (o, c, 3, 3))
+    bias = rng.integers(-3000, 3000, o).astype(np.int32)
+    r = _values(rng, "uint8", (n, o, h, w))
+    op = schedules.conv2d((n, h, w, c) if layout == "NHWC" else (n, c, h, w), (o, c, 3, 3), padding=1, dtype="uint8",
+                          target=target, input_zero_point=zx, output_dtype="uint8", input_scale=sx, weight_scale=sw,
+                          output_scale=sy, output_zero_point=zy, bias=True, residual=True, residual_scale=sr,
+                          residual_zero_point=zr, sum_scale=sz, sum_zero_point=zz, data_layout=layout, **run)
+    nhwc = (lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1))) if layout == "NHWC" else (lambda a: a)
+    got = op(nhwc(x), w8, bias, residual=nhwc(r))
+    acc = conv_reference.qconv2d(x, w8, zx, 0, 1, 1, 1, 1) + bias[None, :, None, None]
+    y = requantize(acc, np.int32(0), (np.float32(sx) * sw / np.float32(sy))[None, :, None, None], zy, 0, 255, "uint8")
+    a, b = (y.astype(np.int32) - zy).astype(np.float32), (r.astype(np.int32) - zr).astype(np.float32)
+    ra, rb = np.float32(sy) / np.float32(sz), np.float32(sr) / np.float32(sz)
+    want = np.clip(np.rint(a * ra + b * rb).astype(np.int64) + zz, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(got, nhwc(want))
+    assert want.min() == 0 and want.max() == 255, "the sums did not saturate"
+    onnx_rule = np.clip(np.rint((a * np.float32(sy) + b * np.float32(sr)) / np.float32(sz)).astype(np.int64) + zz, 0, 255)
+    assert np.abs(onnx_rule - want.astype(np.int64)).max() <= 1
+    with pytest.raises(TypeError, match="pass residual="):
+        op(nhwc(x), w8, bias)
+
+
 def test_ties_round_to_even_in_the_requantized_output():
     """m = 0.5 and a bias making acc odd: every output lies on a .5 and must go to the even side."""
     op = schedules.conv2d((1, 4, 1, 1), (8, 4, 1, 1), dtype="uint8", target="x86-avx512vnni", output_dtype="int8",
@@ -179,7 +214,15 @@ def test_plan_says_which_tile_and_why():
     (dict(output_dtype="uint8", input_scale=0.1, weight_scale=0.1, output_scale=0.1, output_zero_point=300),
      ValueError, r"output_zero_point=300 is out of range: must be \[0, 255\]"),
     (dict(input_zero_point=300), ValueError, "input_zero_point=300 is out of range for uint8"),
-    (dict(residual=True), ValueError, "a fused residual is not available on the quantized conv2d"),
+    (dict(residual=True), ValueError, "a fused residual on the quantized conv2d is the quantized add"),
+    (dict(output_dtype="uint8", input_scale=0.1, weight_scale=0.1, output_scale=0.1, residual_scale=0.1,
+          sum_scale=0.1), ValueError, "a fused residual on the quantized conv2d is the quantized add"),
+    (dict(output_dtype="uint8", input_scale=0.1, weight_scale=0.1, output_scale=0.1, residual=True,
+          residual_scale=0.1), ValueError, "needs both residual_scale and sum_scale"),
+    (dict(residual_scale=0.1, sum_scale=0.1), ValueError, "needs an 8-bit output_dtype"),
+    (dict(output_dtype="uint8", input_scale=0.1, weight_scale=0.1, output_scale=0.1, residual=True,
+          residual_scale=0.1, sum_scale=0.1, sum_zero_point=256), ValueError, r"sum_zero_point=256 is out of range"),
+    (dict(residual_zero_point=3), ValueError, "apply to a fused residual add"),
     (dict(activation="clip"), ValueError, "activation 'clip' is not available on the quantized conv2d"),
     (dict(algorithm="winograd"), ValueError, "algorithm='winograd' is float32 only"),
 ])

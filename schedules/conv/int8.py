@@ -843,8 +843,16 @@ class Int8Conv2dOp:
         return self
 
     @property
+    def data_shape(self) -> tuple:
+        """The data's shape as the user gives it (NCHW, or NHWC with data_layout="NHWC"); the module's
+        may be its flattened form (flat_geometry), the same memory."""
+        g = self.geometry
+        return (g.n, g.h, g.w, g.c) if self.plan.nhwc else (g.n, g.c, g.h, g.w)
+
+    @property
     def out_shape(self) -> tuple:
-        return self.plan.out_shape
+        g, (oh, ow) = self.geometry, self.geometry.out_hw
+        return (g.n, oh, ow, g.o) if self.plan.nhwc else (g.n, g.o, oh, ow)
 
     @property
     def kernel(self):
@@ -866,40 +874,41 @@ class Int8Conv2dOp:
     def run_packed(self, data: np.ndarray, packed: tuple, bias: np.ndarray | None = None,
                    residual: np.ndarray | None = None) -> np.ndarray:
         plan = self.plan
-        check_array("data", data, plan.data_shape, self.dtype)
+        check_array("data", data, self.data_shape, self.dtype)
         specs = [(plan.weight_shape, plan.weight_dtype)] + ([(plan.bias_shape, "int32")] if plan.dot else [])
         if not isinstance(packed, tuple) or len(packed) != len(specs):
             raise TypeError(f"packed must be the tuple of {len(specs)} array(s) that op.pack_weights returns")
         for i, (arr, (shape, dt)) in enumerate(zip(packed, specs)):
             check_array(f"packed[{i}]", arr, shape, dt)
         self._check_legalized("data", data)
-        args = [data, *self.arguments(packed, bias, residual)]
+        args = [data.reshape(plan.data_shape), *self.arguments(packed, bias, residual)]
         if self.isa.arch != "x86":
-            return qemu.run(self.lib, self.isa.arch, args, [len(args) - 1])[0]
+            return qemu.run(self.lib, self.isa.arch, args, [len(args) - 1])[0].reshape(self.out_shape)
         if self.emulate:
-            return bochs.run(self.lib, [np.ascontiguousarray(a) for a in args], [len(args) - 1])[0]
+            out = bochs.run(self.lib, [np.ascontiguousarray(a) for a in args], [len(args) - 1])[0]
+            return out.reshape(self.out_shape)
         require_host(plan.kern.isa)  # a tile instruction the CPU lacks (or AMX without the OS's leave) kills the process
         set_threads(self.threads)
         tensors = [tvm.runtime.tensor(a) for a in args]
         self.lib(*tensors)
-        return tensors[-1].numpy()
+        return tensors[-1].numpy().reshape(self.out_shape)
 
     def arguments(self, packed: tuple, bias: np.ndarray | None, residual: np.ndarray | None = None) -> list[np.ndarray]:
         """The compiled function's arguments after the data: `constants`, the residual (with a
-        fused residual add), a new output array."""
+        fused residual add), a new output array; in the module's shapes (flat_geometry)."""
         return [*self.constants(packed, bias), *self._residual(residual),
-                np.zeros(self.out_shape, self.plan.output_dtype)]
+                np.zeros(self.plan.out_shape, self.plan.output_dtype)]
 
     def _residual(self, residual: np.ndarray | None) -> list[np.ndarray]:
-        """[residual] checked, or [] for an op without a residual add."""
+        """[residual] checked and in the module's shape, or [] for an op without a residual add."""
         plan = self.plan
         if (residual is None) != (plan.residual is None):
             raise TypeError("this op adds a residual: pass residual= (the output's shape and dtype)" if residual is None
                             else "this op was compiled without a residual add (conv2d(..., residual=True, ...))")
         if residual is None:
             return []
-        check_array("residual", residual, plan.out_shape, plan.output_dtype)
-        return [residual]
+        check_array("residual", residual, self.out_shape, plan.output_dtype)
+        return [residual.reshape(plan.out_shape)]
 
     def constants(self, packed: tuple, bias: np.ndarray | None) -> list[np.ndarray]:
         """The arguments that stay fixed from call to call: packed weights, the per-channel int32
@@ -932,15 +941,15 @@ class Int8Conv2dOp:
         require_host(self.plan.kern.isa)
         plan = self.plan
         fixed = [tvm.runtime.tensor(a) for a in self.constants(self.pack_weights(weight), bias)]
-        out = tvm.runtime.tensor(np.zeros(self.out_shape, plan.output_dtype))
+        out = tvm.runtime.tensor(np.zeros(plan.out_shape, plan.output_dtype))
 
         def run(data: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-            check_array("data", data, plan.data_shape, self.dtype)
+            check_array("data", data, self.data_shape, self.dtype)
             self._check_legalized("data", data)
             extra = [tvm.runtime.tensor(r) for r in self._residual(residual)]
             set_threads(self.threads)
-            self.lib(tvm.runtime.tensor(data), *fixed, *extra, out)
-            return out.numpy()
+            self.lib(tvm.runtime.tensor(data.reshape(plan.data_shape)), *fixed, *extra, out)
+            return out.numpy().reshape(self.out_shape)
 
         return run
 
@@ -999,5 +1008,18 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
     residual = (*quant.residual_ratios(), quant.residual_zero_point, quant.sum_zero_point) if post_ops.residual else None
     output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
               "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC", "residual": residual}
-    mod, plan = build(g, isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype, output=output)
+    mod, plan = build(flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype,
+                      output=output)
     return mod, Int8Conv2dOp(g, isa, None, plan, quant, zp_x, zp_w, threads, emulate)
+
+
+def flat_geometry(g: Geometry, data_layout: str, isa: Isa) -> Geometry:
+    """A channels-last 1x1, stride-1, unpadded x86 layer as the same conv on one row of H*W pixels:
+    the pixels are consecutive in memory either way, and one long row takes whole tiles where a
+    14- or 7-pixel one pads them or takes short ones (an AMX tile of 7 rows runs at a third of its
+    peak). The op keeps the user's shapes (Int8Conv2dOp.data_shape); the module reads and writes
+    the same memory as (N, 1, H*W, C). Other layers come back as they are."""
+    if not (data_layout == "NHWC" and isa.arch == "x86" and g.kh == g.kw == 1 and g.stride == (1, 1)
+            and not any(g.pad) and g.h > 1 and not is_depthwise(g)):
+        return g
+    return dataclasses.replace(g, h=1, w=g.h * g.w)

@@ -126,3 +126,40 @@ def test_requantized_channels_last_output_is_onnx_rounding_bit_for_bit(o):
         got = op.bind(w, bias)(x)
         np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), want)
         assert got.min() == (zp if relu else 0) and got.max() == 255, "the data did not saturate"
+
+
+def test_channels_last_1x1_layers_run_as_one_long_row():
+    """A channels-last 1x1 stride-1 layer is planned on one row of H*W pixels (the same memory),
+    so its tiles are the long ones; the op keeps the user's shapes. Anything else keeps its rows."""
+    op = schedules.conv2d((1, 14, 14, 256), (64, 256, 1, 1), dtype="uint8", target="x86-amx", data_layout="NHWC")
+    assert op.plan.data_shape == (1, 1, 196, 256) and op.data_shape == (1, 14, 14, 256)
+    assert op.plan.out_shape == (1, 1, 196, 64) and op.out_shape == (1, 14, 14, 64)
+    assert op.plan.kern.mr > 14  # longer than the image's rows
+    for kwargs in (dict(padding=1), dict(stride=2)):
+        kept = schedules.conv2d((1, 14, 14, 256), (64, 256, 1, 1), dtype="uint8", target="x86-amx",
+                                data_layout="NHWC", **kwargs)
+        assert kept.plan.data_shape == kept.data_shape
+    nchw = schedules.conv2d((1, 256, 14, 14), (64, 256, 1, 1), dtype="uint8", target="x86-amx")
+    assert nchw.plan.data_shape == nchw.data_shape
+
+
+@needs_amx
+def test_flattened_layer_with_residual_is_exact():
+    """The flattened 1x1 layer (7x7 pixels, a partial last tile) with the fused residual add,
+    through op() and bind(), against the unflattened VNNI layer of the same quantization."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 256, (2, 7, 7, 128)).astype(np.uint8)
+    w = rng.integers(-128, 128, (96, 128, 1, 1)).astype(np.int8)
+    b = rng.integers(-2000, 2000, 96).astype(np.int32)
+    r = rng.integers(0, 256, (2, 7, 7, 96)).astype(np.uint8)
+    q = dict(dtype="uint8", input_zero_point=7, output_dtype="uint8", input_scale=0.02, weight_scale=0.001,
+             output_scale=0.05, output_zero_point=100, bias=True, residual=True, residual_scale=0.04,
+             residual_zero_point=90, sum_scale=0.06, sum_zero_point=5, data_layout="NHWC")
+    amx = schedules.conv2d(x.shape, w.shape, target="x86-amx", **q)
+    assert amx.plan.data_shape == (2, 1, 49, 128) and isinstance(amx.plan.kern, AmxGemmKernel)
+    want = schedules.conv2d((2, 128, 7, 7), w.shape, target="x86-avx512vnni", **{**q, "data_layout": "NCHW"})(
+        np.ascontiguousarray(x.transpose(0, 3, 1, 2)), w, b, residual=np.ascontiguousarray(r.transpose(0, 3, 1, 2)))
+    got = amx(x, w, b, residual=r)
+    assert got.shape == (2, 7, 7, 96)
+    np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), want)
+    np.testing.assert_array_equal(amx.bind(w, b)(x, residual=r), got)

@@ -453,7 +453,7 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
         # Tiles of one (image, group, output block, row) share nothing with another's: a task
         # each. Rendered here, as TIR's parallel() refuses a loop over the tensorized blocks.
         before, after, _ = thread_setup(kern, " " * 6)
-        L += [f"    for f in T.parallel({g.n * g.groups * ob * oh}):", *before, f"      for tt in T.serial({owp // mr}):"]
+        L += [f"    for f in T.parallel({plan.tasks}):", *before, f"      for tt in T.serial({owp // mr}):"]
         L += tile_blocks(plan, tile) + after
     else:
         L.append(f"    for n, g, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):")
@@ -653,7 +653,7 @@ def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geome
 
 
 # Channels padded to whole 64-deep K steps for the AMX tiles: beyond this factor of the layer's
-# own, the padded MACs cost more than AMX's advantage over the VNNI tile (about 4x here) gives back
+# own, the padded MACs cost more than AMX's advantage over the VNNI tile (5.4x at the tiles' L1 rates) gives back
 # once the pack's extra bytes are counted; MobileNet's 16- to 32-channel layers stay on VNNI.
 AMX_MAX_PADDING = 1.5
 

@@ -47,7 +47,8 @@ DUMP_DIR = Path(__file__).resolve().parent.parent / "asm_dumps"
 def cases() -> list:
     """Per ISA: every register-budget tile (MR >= 2), the default tile, the matmul tiles, and the
     default's beta=0 variant, plain and prefetching; the integer tiles (NEON and x86, default
-    shapes); every Winograd transform."""
+    shapes; the AMX 32x32 tile accumulating and beta=0, as the conv tiles take it); every
+    Winograd transform."""
     out = []
     for isa in ISAS.values():
         tiles = {GemmKernel(isa, mr, nr) for mr, nr in max_tiles(isa) if mr >= 2}
@@ -58,7 +59,7 @@ def cases() -> list:
         # Winograd's first GEMM segment: beta=0, prefetching the next U panel.
         out.append(GemmKernel(isa, *DEFAULT_TILES[isa.name], accumulate=False, prefetch=True))
     return (out + [default_mac_kernel(name) for name in ARM_ISAS] + [default_int_kernel(name) for name in X86_INT_ISAS]
-            + [AmxGemmKernel(16, 2, 2)] + wino_cases() + dw_cases())
+            + [AmxGemmKernel(16, 2, 2), AmxGemmKernel(16, 2, 2, accumulate=False)] + wino_cases() + dw_cases())
 
 
 def dw_cases() -> list[DwRow]:

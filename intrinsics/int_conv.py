@@ -9,8 +9,16 @@ On a kernel that takes B in groups of G k (sdot and vpdpbusd: 4, vpmaddwd: 2) th
 in groups, i = G*q + t, and B is (KH, KW, C/G, NR, G). A and B have the kernel's own dtypes
 (uint8 A with int8 B on VNNI).
 C accumulates: the schedule zeroes it in an init block, and the implementation calls the kernel
-once per kernel row r, or, for a batch-reduce kernel (the AMX tiles), once for all of them. With dw = 1 the columns of a row (s, i) lie back to back in A, so one
+once per kernel row r, or, for a batch-reduce kernel (the AMX tiles), once for all of them. That
+one call is the tile's whole reduction, so a batch-reduce kernel may be beta=0 (it overwrites C):
+the schedule then drops the dead zeroing (intrinsics.beta0). With dw = 1 the columns of a row (s, i) lie back to back in A, so one
 call covers KW * channels values of K; with dilation it is one call per (r, s).
+
+With a row pitch P (`pitch`, stride 1, no dilation), the rows of the packed input are P pixels
+apart in one flat run and A is that run, (pixels, channels): kernel row r starts r*P pixels on,
+so the tile's MR pixels may cross from one output row into the next (the schedule packs the
+padded rows back to back and drops the columns past each row's end when it stores). One layout
+serves every row, so a tile is as tall as the kernel allows, not as the output row is wide.
 
 Loops of extent 1 are left out of the description, as in `f32_conv`, so the TVMScript is
 rendered per geometry and `reduce_axes` decides which loops exist for schedule and intrinsic.
@@ -25,7 +33,7 @@ from microkernels import TileError
 from microkernels.int_amx import AmxGemmKernel
 from microkernels.int_gemm import IntGemmKernel
 from microkernels.int_mac import MacKernel
-from microkernels.isa import normalize_ints
+from microkernels.isa import normalize_ints, positive_int
 
 from .templates import (
     Operand,
@@ -53,9 +61,17 @@ class IntConvTile:
     sw: int = 1
     dh: int = 1
     dw: int = 1
+    pitch: int = 0  # > 0: A is the flat run of packed rows, this many pixels apart (stride 1)
 
     def __post_init__(self):
         normalize_ints(self, ("kh", "kw", "ci", "sw", "dh", "dw"), TileError)
+        object.__setattr__(self, "pitch", positive_int("pitch", self.pitch, TileError, minimum=0))
+        if self.pitch and (self.sw, self.dh, self.dw) != (1, 1, 1):
+            raise TileError("a pitched (flat-row) tile takes stride 1 without dilation")
+        if self.pitch and not self.kern.batch_reduce:
+            raise TileError(f"{self.kern.name}: a pitched tile needs a batch-reduce kernel (one call, every row)")
+        if self.pitch and self.pitch < self.kw:
+            raise TileError(f"row pitch {self.pitch} is shorter than the kernel's {self.kw} columns")
         if self.ci % self.kern.group:
             raise TileError(f"{self.kern.name} takes channels in groups of {self.kern.group}; ci={self.ci} is not a multiple")
         if self.kern.mr < 2:
@@ -63,8 +79,9 @@ class IntConvTile:
         if self.k_run % self.kern.k_step:
             raise TileError(f"one kernel call covers {self.k_run} values of K, not a multiple of "
                             f"{self.kern.name}'s step {self.kern.k_step}; pad the channels")
-        if isinstance(self.kern, IntGemmKernel) and not self.kern.accumulate:
-            raise TileError(f"{self.kern.name}: a conv tile accumulates over its calls; use the accumulating kernel")
+        if not self.kern.accumulate and not self.kern.batch_reduce:
+            raise TileError(f"{self.kern.name}: a conv tile accumulates over its calls (one per kernel row); "
+                            "use the accumulating kernel")
 
     @property
     def group(self) -> int:
@@ -78,11 +95,14 @@ class IntConvTile:
 
     @property
     def name(self) -> str:
-        return f"{self.kern.name}_conv_k{self.kh}x{self.kw}_c{self.ci}_s{self.sw}_d{self.dh}x{self.dw}"
+        pitch = f"_p{self.pitch}" if self.pitch else ""
+        return f"{self.kern.name}_conv_k{self.kh}x{self.kw}_c{self.ci}_s{self.sw}_d{self.dh}x{self.dw}{pitch}"
 
     @property
-    def window(self) -> tuple[int, int]:
-        """Input rows and columns one tile reads."""
+    def window(self) -> tuple[int, ...]:
+        """Input rows and columns one tile reads; with a pitch, the pixels of the flat run."""
+        if self.pitch:
+            return ((self.kh - 1) * self.pitch + self.kern.mr + self.kw - 1,)
         return (self.kh - 1) * self.dh + 1, (self.kern.mr - 1) * self.sw + (self.kw - 1) * self.dw + 1
 
     def reduce_axes(self) -> list[tuple[str, int]]:
@@ -97,6 +117,8 @@ class IntConvTile:
         """Index expressions (row, column, channel) into the window; `v` maps "m", "r", "s", "i" to
         iterator text, and an axis absent from reduce_axes() contributes 0."""
         get = lambda k: v.get(k, "0")  # noqa: E731
+        if self.pitch:  # (pixel of the flat run, channel)
+            return f"{get('r')} * {self.pitch} + {get('m')} + {get('s')}", self.channel(v)
         return f"{get('r')} * {self.dh}", f"{get('m')} * {self.sw} + {get('s')} * {self.dw}", self.channel(v)
 
     def b_index(self, v: dict) -> tuple[str, ...]:
@@ -114,11 +136,12 @@ class IntConvTile:
 
 def _frame(tile: IntConvTile, stride) -> list[str]:
     at, bt, ci = tile.kern.a_dtype, tile.kern.b_dtype, tile.ci
-    ah, aw = tile.window
-    return frame([
-        # Pixels are `ci` apart in A, a constant in description and implementation alike: that
-        # is what makes (s, i) one run.
-        Operand("a", "A", (ah, aw, ci), at, f"[{stride('s1')}, {ci}, 1]"),
+    # Pixels are `ci` apart in A, a constant in description and implementation alike: that
+    # is what makes (s, i) one run.
+    a = (Operand("a", "A", (*tile.window, ci), at, f"[{ci}, 1]") if tile.pitch else
+         Operand("a", "A", (*tile.window, ci), at, f"[{stride('s1')}, {ci}, 1]"))
+    return frame(reads_output=tile.kern.accumulate, operands=[
+        a,
         Operand("b", "B", tile.b_shape, bt),
         Operand("c", "C", (tile.kern.mr, tile.kern.nr), "int32", f"[{stride('sc')}, 1]"),
     ])
@@ -137,6 +160,11 @@ def description(tile: IntConvTile) -> str:
         "            with T.sblock('update'):",
         f"                {', '.join(v[n] for n in ['m', 'j'] + names)} = "
         f"T.axis.remap('SS{'R' * len(names)}', [{loop_vars}])",
+        # beta=0: the reduction with its init, as the workload's block is before tensorize (the
+        # reads spelled out: TIR lists C among a reduction block's reads)
+        *([] if tile.kern.accumulate else [
+            f"                T.reads(C[vm, vj], A[{a_idx}], B[{b_idx}])", "                T.writes(C[vm, vj])",
+            "                with T.init():", "                    C[vm, vj] = 0"]),
         f"                C[vm, vj] = C[vm, vj] + T.Cast('int32', A[{a_idx}]) * T.Cast('int32', B[{b_idx}])",
     ])
 
@@ -149,10 +177,11 @@ def implementation(tile: IntConvTile) -> str:
         # The batch walks the rows (n1) and, with dilation, the taps of a row (n2); the B panels
         # follow each other in that order, as the weights are packed (KH, KW, C/G, NR, G).
         n2, sa2 = (1, 0) if tile.dw == 1 else (tile.kw, tile.dw * ci)
+        row = f"{tile.pitch * ci}" if tile.pitch else f"{tile.dh} * s1"
         return implementation_text(functools.partial(_frame, tile), [
             f"            T.evaluate(T.call_extern('void', '{tile.kern.name}', A.access_ptr('r'), {tile.sw * ci},"
             f" B.access_ptr('r'), {tile.group * nr}, C.access_ptr('w'), sc, {tile.k_run}, {tile.kh},"
-            f" {tile.dh} * s1, {n2}, {sa2}, 1, 0))",
+            f" {row}, {n2}, {sa2}, 1, 0))",
         ])
     calls = [("r", tile.kh)] + ([] if tile.dw == 1 else [("s", tile.kw)])
     a_off = f"r * {tile.dh} * s1" + ("" if tile.dw == 1 else f" + s * {tile.dw * ci}")

@@ -68,11 +68,13 @@ class Operand(NamedTuple):
     strides: str | None = None
 
 
-def frame(operands: list[Operand]) -> list[str]:
+def frame(operands: list[Operand], reads_output: bool = True) -> list[str]:
     """The signature, the buffers and the root block's reads and writes of an intrinsic whose
     operands are given in parameter order, the output last: what a description and its
     implementation share. The output leads the reads, as in the block TIR infers around an
-    update that reads it, which is the block tensorize builds around the workload's loops."""
+    update that reads it, which is the block tensorize builds around the workload's loops;
+    a beta=0 intrinsic (reads_output=False) reads no output, as the block around a reduction
+    with its init."""
     region = lambda o: f"{o.name}[{', '.join(f'0:{e}' for e in o.shape)}]"  # noqa: E731
     out = operands[-1]
     return [
@@ -81,7 +83,7 @@ def frame(operands: list[Operand]) -> list[str]:
         *(f"    {o.name} = T.match_buffer({o.param}, {o.shape}, '{o.dtype}', offset_factor=1"
           + (f", strides={o.strides})" if o.strides else ")") for o in operands),
         "    with T.sblock('root'):",
-        f"        T.reads({', '.join(region(o) for o in [out, *operands[:-1]])})",
+        f"        T.reads({', '.join(region(o) for o in ([out] if reads_output else []) + operands[:-1])})",
         f"        T.writes({region(out)})",
     ]
 

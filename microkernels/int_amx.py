@@ -16,12 +16,15 @@ j at b + g*ldb + 4*j), C int32 (C[i, j] at c + i*ldc + j); strides in elements. 
 multiple of 64, one tile's depth: the conv pads its channels to that (`k_step`), and so one
 tile configuration serves the whole call (loading another zeroes every tile).
 
-The kernel is batch-reduce and accumulates, as the conv tile wants it:
-    void mk_u8s8_brgemm_<MR>x<NR>_amxint8(ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k,
-        i32 n1, i32 sa1, i32 n2, i32 sa2, i32 n3, i32 sa3)
+The kernel is batch-reduce:
+    void mk_u8s8_brgemm_<MR>x<NR>_amxint8[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc,
+        i32 k, i32 n1, i32 sa1, i32 n2, i32 sa2, i32 n3, i32 sa3)
 sums n1*n2*n3 products A(a + i1*sa1 + i2*sa2 + i3*sa3) @ B(panel) into C, the B panels one
-after another (each k/4*ldb long), as microkernels.int_gemm's brgemm does; C is loaded first and
-stored once at the end.
+after another (each k/4*ldb long), as microkernels.int_gemm's brgemm does; C is loaded first
+(accumulate) or the C tiles start from tilezero (_beta0), and stored once at the end. One call
+covers a conv tile's whole reduction, so the conv tiles take the beta=0 kernel: loading a tile
+of zeros the schedule wrote first costs a 4 KiB fill and four tile loads per 32 x 32 tile, as
+much as the whole 64-deep step of a 1x1 layer with 64 channels.
 
 The tile configuration is the caller's, once per thread and run of calls:
     void <name>_config()     the shapes above (ldtilecfg)
@@ -55,6 +58,7 @@ class AmxGemmKernel:
     a_tiles: int = 2
     b_tiles: int = 2
     isa: Isa = AMX_INT8
+    accumulate: bool = True  # False: beta=0, the C tiles start from zero
 
     def __post_init__(self):
         normalize_ints(self, ("rows", "a_tiles", "b_tiles"), TileError)
@@ -68,7 +72,6 @@ class AmxGemmKernel:
             raise TileError(f"MR = a_tiles * rows must be >= 2, got {self.mr}")
 
     # The attributes the intrinsics and schedules read of every integer tile.
-    accumulate = True
     batch_reduce = True
     requant = None
     op = "u8s8"
@@ -97,7 +100,8 @@ class AmxGemmKernel:
 
     @property
     def name(self) -> str:
-        return f"mk_u8s8_brgemm_{self.mr}x{self.nr}_{self.isa.name}"
+        suffix = "" if self.accumulate else "_beta0"
+        return f"mk_u8s8_brgemm_{self.mr}x{self.nr}_{self.isa.name}{suffix}"
 
     @property
     def config_symbol(self) -> str:
@@ -157,7 +161,8 @@ def _generate(kern: AmxGemmKernel) -> str:
             out += [f"  %co{i}_{j} = add i64 {i * rows} , 0", f"  %cr{i}_{j} = mul i64 %co{i}_{j}, %ldc64",
                     f"  %cc{i}_{j} = add i64 %cr{i}_{j}, {j * C_COLS}",
                     f"  %cp{i}_{j} = getelementptr inbounds i32, ptr %c, i64 %cc{i}_{j}",
-                    f"  call void @llvm.x86.tileloadd64(i8 {tc(i, j)}, ptr %cp{i}_{j}, i64 %cstride)"]
+                    f"  call void @llvm.x86.tileloadd64(i8 {tc(i, j)}, ptr %cp{i}_{j}, i64 %cstride)"
+                    if kern.accumulate else f"  call void @llvm.x86.tilezero(i8 {tc(i, j)})"]
     out += ["  %kg = sdiv i64 %k64, 4", f"  %ksteps = sdiv i64 %k64, {K_DEPTH}"]
     out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
     out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %kg, %ldb64",
@@ -190,7 +195,7 @@ def _generate(kern: AmxGemmKernel) -> str:
     out += ["declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)", "declare void @llvm.x86.ldtilecfg(ptr)",
             "declare void @llvm.x86.tilerelease()",
             "declare void @llvm.x86.tileloadd64(i8, ptr, i64)", "declare void @llvm.x86.tilestored64(i8, ptr, i64)",
-            "declare void @llvm.x86.tdpbusd(i8, i8, i8)",
+            "declare void @llvm.x86.tdpbusd(i8, i8, i8)", "declare void @llvm.x86.tilezero(i8)",
             "!0 = distinct !{!0, !1}", '!1 = !{!"llvm.loop.unroll.disable"}', ""]
     return "\n".join(out)
 

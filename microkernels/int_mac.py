@@ -42,6 +42,7 @@ class MacKernel:
     nr: int
 
     batch_reduce = False  # one call per run of K; a conv tile calls it per kernel row
+    accumulate = True  # adds into C (a conv tile accumulates over its calls)
 
     def __post_init__(self):
         if self.isa.name not in _OPS:

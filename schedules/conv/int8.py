@@ -43,9 +43,10 @@ import numpy as np
 import tvm
 from tvm import s_tir
 
+from intrinsics.beta0 import drop_dead_inits
 from intrinsics.int_conv import IntConvTile, register_int_conv, thread_setup
 from microkernels import AMX_INT8, AVX2, AVX512, AVX512_VNNI, Isa
-from microkernels.int_amx import K_DEPTH, AmxGemmKernel, amx_tiles
+from microkernels.int_amx import K_DEPTH, TILE_ROWS, AmxGemmKernel, amx_tiles
 from microkernels.int_gemm import DEFAULT_TILES, IntGemmKernel
 from microkernels.int_gemm import max_tiles as x86_int_tiles
 from microkernels.int_mac import MacKernel, default_mac_kernel
@@ -133,6 +134,27 @@ class Int8Plan:
         return self.nhwc and self.parallel and not self.depthwise and not (self.dot and self.windows)
 
     @property
+    def pitch(self) -> int:
+        """Padded input pixels per row where the tiles run over the packed rows laid back to back
+        (IntConvTile.pitch), else 0: tile-local layers of stride 1 without dilation whose kernel
+        has more than one row, on a batch-reduce tile (AMX). A tile of MR pixels then spans output
+        rows, so a 7- or 14-pixel row no longer caps it at 7 or 14 rows (an AMX tile of 7 runs at
+        half the rate of one of 16, and the weights it streams serve half the pixels); the
+        columns of the padding it computes on the way are not stored."""
+        g = self.g
+        if self.tile_local and self.kern.batch_reduce and flat_rows(g):
+            return g.w + g.pad[1] + g.pad[3]
+        return 0
+
+    @property
+    def task_rows(self) -> int:
+        """Rows of tiles per image, group and output block: output rows, or with a pitch, tiles of
+        the flat run of OH x pitch output positions."""
+        if self.pitch:
+            return -(-self.g.out_hw[0] * self.pitch // self.kern.mr)
+        return self.g.out_hw[0]
+
+    @property
     def rows(self) -> bool:
         """Depthwise on x86: NCHW as it is, a row of pixels in the vector lanes (`_render_depthwise_rows`)."""
         return self.depthwise and self.parallel and not self.nhwc
@@ -192,6 +214,8 @@ class Int8Plan:
 
     @property
     def ow_padded(self) -> int:
+        if self.pitch:
+            return self.kern.mr  # one tile per row of tiles (task_rows)
         if self.rows:
             return ceil_to(self.g.out_hw[1], self.lanes)
         return self.g.out_hw[1] if self.depthwise else ceil_to(self.g.out_hw[1], self.kern.mr)
@@ -210,6 +234,9 @@ class Int8Plan:
     def packed_shape(self) -> tuple:
         """The packed input: (N, Hp, Wp, C in whole vectors) for depthwise, (N, G, Hp, Wp, Cp) otherwise."""
         g, (hp, wp) = self.g, self.packed_hw
+        if self.pitch:  # the padded rows back to back, and what the last tile's window reads past them
+            k = self.task_rows * self.kern.mr + (g.kh - 1) * self.pitch + g.kw - 1
+            return (g.n, g.groups, k, self.cp)
         if self.rows:  # columns by their phase modulo the stride: a strided row becomes a contiguous one
             sw = g.stride[1]
             return (g.n, g.c, sw, hp, -(-wp // sw))
@@ -225,9 +252,10 @@ class Int8Plan:
 
     @property
     def tasks(self) -> int:
-        """Parallel tasks of the GEMM path: one per image, group, output block and output row."""
+        """Parallel tasks of the GEMM path: one per image, group, output block and output row (with
+        a pitch, tile)."""
         g = self.g
-        return g.n * g.groups * (self.op // self.kern.nr) * g.out_hw[0]
+        return g.n * g.groups * (self.op // self.kern.nr) * self.task_rows
 
     @property
     def chunks(self) -> int:
@@ -346,6 +374,12 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         conds.insert(0, f"vc < {g.c if plan.depthwise else g.cg}")
     chan = "vc" if plan.depthwise else f"vg * {g.cg} + vc"
     x = f"D[vn, vy - {top}, vx - {left}, {chan}]" if plan.nhwc else f"D[vn, {chan}, vy - {top}, vx - {left}]"
+    names = "nyxc" if plan.depthwise else "ngyxc"
+    if plan.pitch:  # flat position p of the padded rows laid back to back (past the last: padding)
+        flat = {"vy": f"vp // {plan.pitch}", "vx": f"vp % {plan.pitch}"}
+        conds = [" ".join(flat.get(w, w) for w in c.split()) for c in conds]
+        x = x.replace("vy -", f"{flat['vy']} -").replace("vx -", f"{flat['vx']} -")
+        names = "ngpc"
     if plan.dot:
         # 8-bit as the tile takes it (data_shift); a padded pixel holds the zero point, a padded
         # channel 0 (it must add nothing to the window sums either).
@@ -357,7 +391,6 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     else:
         value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
         zero = "T.int16(0)"
-    names = "nyxc" if plan.depthwise else "ngyxc"
     return padded_pack(4, "P", list(zip(names, plan.packed_shape)), " and ".join(conds), value, zero)
 
 
@@ -371,7 +404,7 @@ def _tile_iters(plan: Int8Plan, columns: list[str]) -> list[str]:
     """A tile block's spatial iterators; `columns` bind its output columns (vm, and vx0). With
     `parallel` (x86) the rows of every image, group and output block are one parallel loop, f."""
     if plan.parallel:
-        g, oh = plan.g, plan.g.out_hw[0]
+        g, oh = plan.g, plan.task_rows
         ob = plan.op // plan.kern.nr
         f = _task(plan)
         rows = [f"vn = T.axis.spatial({g.n}, {f} // {g.groups * ob * oh})",
@@ -396,11 +429,16 @@ def _conv_block(plan: Int8Plan, tile: IntConvTile, columns: list[str], x0: str, 
     sh, sw = plan.g.stride
     axes = tile.reduce_axes()
     v = {a: f"v{a}" for a, _ in axes} | {"m": "vm", "j": "vj"}
-    row, col, ch = tile.a_index(v)
+    if plan.pitch:  # task row vy is the vy-th tile of the flat run
+        pixel, ch = tile.a_index(v)
+        a = f"P[vn, vg, vy * {plan.kern.mr} + {pixel}, {ch}]"
+    else:
+        row, col, ch = tile.a_index(v)
+        a = f"P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}]"
     loops = ["m", "j"] + [a for a, _ in axes]
     extents = [plan.kern.mr, plan.kern.nr] + [e for _, e in axes]
     body = [*_tile_iters(plan, columns), *(f"v{a} = T.axis.reduce({e}, {a})" for a, e in axes), *init,
-            f"{_acc(plan, x0)} = {_acc(plan, x0)} + T.Cast('int32', P[vn, vg, vy * {sh} + {row}, {x0} * {sw} + {col}, {ch}])"
+            f"{_acc(plan, x0)} = {_acc(plan, x0)} + T.Cast('int32', {a})"
             f" * T.Cast('int32', Wv[vg, vob, {', '.join(tile.b_index(v))}])"]
     return [f"        for {', '.join(loops)} in T.grid({', '.join(map(str, extents))}):",
             "            with T.sblock('conv'):", *(f"                {line}" for line in body)]
@@ -412,6 +450,10 @@ def _tensorized_tile(plan: Int8Plan, tile: IntConvTile) -> list[str]:
     decompose_reduction refuses such a binding, so the zeroing is a block of its own, ahead."""
     mr, nr = plan.kern.mr, plan.kern.nr
     columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
+    if not plan.kern.accumulate:
+        # A beta=0 kernel (one call per tile, overwriting it): the init only marks the block a
+        # reduction for TIR; `build` drops it after tensorizing (intrinsics.beta0).
+        return _conv_block(plan, tile, columns, "vx0", ["with T.init():", f"    {_acc(plan, 'vx0')} = 0"])
     return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('zero'):",
             *(f"                {line}" for line in _tile_iters(plan, columns)), f"                {_acc(plan, 'vx0')} = 0",
             *_conv_block(plan, tile, columns, "vx0", [])]
@@ -433,7 +475,7 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
     owp, ob = plan.ow_padded, plan.op // nr
-    tile = IntConvTile(kern, g.kh, g.kw, cp, sw, dh, dw)
+    tile = IntConvTile(kern, g.kh, g.kw, cp, sw, dh, dw, plan.pitch)
     L = _header(plan, dtype)
     if plan.dot and plan.windows:
         L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
@@ -495,15 +537,21 @@ def _tile_store(plan: Int8Plan) -> list[str]:
     g, mr, nr = plan.g, plan.kern.mr, plan.kern.nr
     oh, ow = g.out_hw
     ob = plan.op // nr
-    cond = []
-    if plan.ow_padded != ow:
+    cond, y, x = [], "vy", "vx0 + vm"
+    if plan.pitch:
+        # Position p of the flat run is output pixel (p // pitch, p % pitch) where that column
+        # is one of the row's OW; the rest are the padding columns and the last tile's overhang.
+        p = f"{_task(plan)} % {plan.task_rows} * {mr} + m"
+        cond += [f"({p}) % {plan.pitch} < {ow}", f"{p} < {oh * plan.pitch}"]
+        y, x = f"(vy * {mr} + vm) // {plan.pitch}", f"(vy * {mr} + vm) % {plan.pitch}"
+    elif plan.ow_padded != ow:
         cond.append(f"tt * {mr} + m < {ow}")
     if plan.op != g.og:
-        cond.append(f"{_task(plan)} // {oh} % {ob} * {nr} + j < {g.og}")
+        cond.append(f"{_task(plan)} // {plan.task_rows} % {ob} * {nr} + j < {g.og}")
     columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
     o = f"vg * {g.og} + vob * {nr} + vj"
     body = [*_tile_iters(plan, columns), *([f"T.where({' and '.join(cond)})"] if cond else []),
-            f"Out[vn, vy, vx0 + vm, {o}] = {_output(plan, _acc(plan, 'vx0'), o, f'vn, vy, vx0 + vm, {o}')}"]
+            f"Out[vn, {y}, {x}, {o}] = {_output(plan, _acc(plan, 'vx0'), o, f'vn, {y}, {x}, {o}')}"]
     return [f"        for m, j in T.grid({mr}, {nr}):", "            with T.sblock('store'):",
             *(f"                {line}" for line in body)]
 
@@ -630,13 +678,15 @@ def is_depthwise(g: Geometry) -> bool:
     return g.depthwise and g.o == g.c
 
 
-def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geometry | None = None):
+def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geometry | None = None,
+                pitched: bool = False):
     """The tile a conv runs on. ARM: the ISA's default, except on the dotprod core for int16
     (legalized) data, which sdot cannot take, and for depthwise layers, whose channels-in-lanes
     path is an s16 MAC: both use AArch64's int16 tile. x86: the ISA's tile (vpdpbusd on the VNNI
     ISAs, vpmaddwd on AVX-512 / AVX2), int16 data and depthwise layers on the vpmaddwd tile of the
     same width, shaped for the layer `g` (x86_tile). AMX: its tiles where the layer's channels pad
-    to whole 64-deep K steps cheaply (amx_tile), else the AVX-512 VNNI tile."""
+    to whole 64-deep K steps cheaply (amx_tile; `pitched`: for tiles over the flat run of
+    rows, Int8Plan.pitch), else the AVX-512 VNNI tile."""
     if isa.arch != "x86":
         if isa.name == "aarch64dot" and (dtype == "int16" or depthwise):
             return default_mac_kernel("aarch64")
@@ -644,9 +694,9 @@ def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geome
     if (dtype == "int16" or depthwise) and isa.name not in (AVX512.name, AVX2.name):
         isa = AVX512 if isa.vector_bits == 512 else AVX2
     if isa.name == AMX_INT8.name:
-        amx = amx_tile(g)
+        amx = amx_tile(g, pitched)
         if amx is not None:
-            return AmxGemmKernel(*amx)
+            return AmxGemmKernel(*amx, accumulate=False)
         isa = AVX512_VNNI
     mr, nr = x86_tile(isa, g)
     return IntGemmKernel(isa, mr, nr)
@@ -668,16 +718,28 @@ def amx_padded_channels(g: Geometry) -> int:
     return cp
 
 
-def amx_tile(g: Geometry | None) -> tuple[int, int, int] | None:
+def flat_rows(g: Geometry) -> bool:
+    """Whether a layer's output rows are tiled as one flat run over its padded input rows
+    (Int8Plan.pitch): stride 1, no dilation, a kernel of more than one row, and output rows
+    narrower than two full A tiles (32 pixels), which no tile of its own rows fills. Wider rows
+    fill 2 x 2 tiles of 14 or more rows already, and there the flat run measured 5% slower (56
+    and 28 pixels, Xeon with AMX): it computes the padding columns too, and its store divides."""
+    return g.stride == (1, 1) and g.dilation == (1, 1) and g.kh > 1 and g.out_hw[1] < 2 * TILE_ROWS
+
+
+def amx_tile(g: Geometry | None, pitched: bool = False) -> tuple[int, int, int] | None:
     """(rows, A tiles, B tiles) of the AMX tile for a layer, or None where the VNNI tile suits it
     better (channel padding beyond AMX_MAX_PADDING, or no layer given). Of the shapes the eight tile
     registers allow, the fewest cycles per useful output: a K step issues A*B tdpbusd, each about
     6 + 0.625 * rows cycles (16 at 16 rows, 11 at 8: measured on a Xeon with AMX), against A+B tile
     loads of about 8 cycles each; times the padding of the row (to whole MR) and of the group's
-    output channels (to whole NR). Ties: the most C tiles."""
+    output channels (to whole NR). Ties: the most C tiles. `pitched`: the row is the flat run of
+    OH x pitch positions (Int8Plan.pitch)."""
     if g is None or amx_padded_channels(g) > AMX_MAX_PADDING * g.cg:
         return None
     ow, og = g.out_hw[1], g.og
+    if pitched:
+        ow = g.out_hw[0] * (g.w + g.pad[1] + g.pad[3])
 
     def cost(t):
         rows, a, b = t
@@ -720,6 +782,8 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
     parallel = isa.arch == "x86"
     plan = Int8Plan(g, conv_kernel(isa, dtype, depthwise, g), depthwise, **(output or {}), windows=zw8 != 0,
                     parallel=parallel)
+    if plan.pitch:  # the tile for the flat run of rows (amx_tile), where the row's width no longer counts
+        plan = dataclasses.replace(plan, kern=conv_kernel(isa, dtype, depthwise, g, pitched=True))
     if plan.dot:
         plan = dataclasses.replace(plan, bias=True)  # the expansion's per-channel terms
     # The buffers the plan sizes, refused before any TIR is made (TVM indexes in int32).
@@ -756,7 +820,8 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
     outer = len(loops) - 2 - len(tile.reduce_axes())  # the tile's m, j, then its reduction
     m, j, red = loops[outer], loops[outer + 1], loops[outer + 2:]
     if tensorize:
-        sch.vectorize(sch.get_loops(sch.get_sblock("zero"))[-1])
+        if plan.kern.accumulate:
+            sch.vectorize(sch.get_loops(sch.get_sblock("zero"))[-1])
         sch.tensorize(m, register_int_conv(tile))
     else:
         # Same tiling with the reduction outside and the tile's MR x NR accumulators inside,
@@ -768,6 +833,8 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
         sch.vectorize(sch.get_loops(init)[-1])
     if parallel:
         _parallel_stages(sch, plan)
+    if tensorize and not plan.kern.accumulate:
+        return drop_dead_inits(sch.mod, ["conv_o"]), plan
     return sch.mod, plan
 
 
@@ -787,7 +854,7 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
         # Rows of every image (and group) in parallel, a row's pixels in turn and their
         # channels in the vector lanes (the innermost loop, contiguous on both sides).
         outer = sch.get_loops(sch.get_sblock("pack"))
-        sch.parallel(sch.fuse(*outer[:-2]))
+        sch.parallel(sch.fuse(*outer[:-1 if plan.pitch else -2]))  # with a pitch, no rows: pixels in parallel
         _vectorize_whole(sch, outer[-1], plan.packed_shape[-1])
     if _has_block(sch, "store"):  # the tiles store their own output (_tile_store)
         # Vectorized along the channels unless the tile overhangs the group's: TIR would then

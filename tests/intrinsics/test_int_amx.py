@@ -47,12 +47,14 @@ def test_assembly_per_k_step(rows, a, b):
 
 
 @needs_amx
+@pytest.mark.parametrize("accumulate", [True, False])
 @pytest.mark.parametrize("rows, a, b", [(16, 2, 2), (14, 2, 2), (7, 1, 3), (5, 2, 1), (16, 3, 1)])
 @pytest.mark.parametrize("k, batch", [(64, (1, 1, 1)), (192, (3, 1, 1)), (128, (2, 2, 3))])
-def test_exact_against_int64(rows, a, b, k, batch):
-    """C0 + the sum over the batch of A block @ B panel, bit for bit, at offsets and free strides
-    with overlapping A blocks (a conv's windows), nothing written around the tile."""
-    KernelCallTester(AmxGemmKernel(rows, a, b), k, batch).test(seed=rows * 100 + k)
+def test_exact_against_int64(rows, a, b, k, batch, accumulate):
+    """C0 (beta=0: nothing of C's old values) + the sum over the batch of A block @ B panel, bit
+    for bit, at offsets and free strides with overlapping A blocks (a conv's windows), nothing
+    written around the tile."""
+    KernelCallTester(AmxGemmKernel(rows, a, b, accumulate=accumulate), k, batch).test(seed=rows * 100 + k)
 
 
 @needs_amx

@@ -32,6 +32,7 @@ def test_name_and_operands_say_what_the_kernel_is():
     assert kern.name == "mk_u8s8_brgemm_28x32_amxint8"
     assert (kern.a_dtype, kern.b_dtype, kern.c_dtype, kern.group, kern.k_step) == ("uint8", "int8", "int32", 4, 64)
     assert kern.batch_reduce and kern.accumulate and kern.isa is AMX_INT8
+    assert AmxGemmKernel(14, 2, 2, accumulate=False).name == "mk_u8s8_brgemm_28x32_amxint8_beta0"
     assert {"+amx-tile", "+amx-int8", "+avx512vnni"} <= set(AMX_INT8.target["mattr"])
     assert {"amx_tile", "amx_int8"} <= set(AMX_INT8.host_flags)
 
@@ -41,12 +42,13 @@ def _function(ir: str, name: str) -> str:
     return ir[start: ir.index("\n}", start)]
 
 
+@pytest.mark.parametrize("accumulate", [True, False])
 @pytest.mark.parametrize("rows, a, b", [(16, 2, 2), (7, 1, 3), (5, 2, 1), (16, 3, 1)])
-def test_k_step_names_every_tile_once(rows, a, b):
+def test_k_step_names_every_tile_once(rows, a, b, accumulate):
     """Per 64-deep step: one tileloadd per A and B tile, A*B tdpbusd, each C tile fed by every
-    pair (i, j) once; C tiles loaded before the loop and stored after it; no configuration in
-    the kernel itself (it is the caller's, once per run of calls)."""
-    kern = AmxGemmKernel(rows, a, b)
+    pair (i, j) once; C tiles loaded (beta=0: zeroed, never loaded) before the loop and stored
+    after it; no configuration in the kernel itself (it is the caller's, once per run of calls)."""
+    kern = AmxGemmKernel(rows, a, b, accumulate=accumulate)
     body = _function(kern.llvm_ir(), kern.name)
     loop = body[body.index("sk:"):]
     loop = loop[: loop.index("br label %hk")]
@@ -57,7 +59,9 @@ def test_k_step_names_every_tile_once(rows, a, b):
     loads = [int(t) for t in re.findall(r"tileloadd64\(i8 (\d+)", loop)]
     assert sorted(loads) == list(a_tiles) + list(b_tiles)
     outside = body.replace(loop, "")
-    assert sorted(int(t) for t in re.findall(r"tileloadd64\(i8 (\d+)", outside)) == list(c_tiles)
+    c_loads = sorted(int(t) for t in re.findall(r"tileloadd64\(i8 (\d+)", outside))
+    c_zeros = sorted(int(t) for t in re.findall(r"tilezero\(i8 (\d+)", outside))
+    assert (c_loads, c_zeros) == ((list(c_tiles), []) if accumulate else ([], list(c_tiles)))
     assert sorted(int(t) for t in re.findall(r"tilestored64\(i8 (\d+)", outside)) == list(c_tiles)
     assert "ldtilecfg" not in body and "tilerelease" not in body
 

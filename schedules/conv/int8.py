@@ -104,6 +104,9 @@ class Int8Plan:
     # A fused quantized residual add, (ratio of y, ratio of r, r's zero point, the sum's zero
     # point) as Quantization.residual_ratios and its zero points give them; R takes Out's shape.
     residual: tuple | None = None
+    # The layer as given where `g` is its space-to-depth form (space_to_depth): the pack reads
+    # the data in this one's shape and pack_weights rearranges its weights.
+    source: object = None
 
     @property
     def dot(self) -> bool:
@@ -140,9 +143,10 @@ class Int8Plan:
         has more than one row, on a batch-reduce tile (AMX). A tile of MR pixels then spans output
         rows, so a 7- or 14-pixel row no longer caps it at 7 or 14 rows (an AMX tile of 7 runs at
         half the rate of one of 16, and the weights it streams serve half the pixels); the
-        columns of the padding it computes on the way are not stored."""
+        columns of the padding it computes on the way are not stored. Not for a space-to-depth
+        form (Int8Plan.source), whose pack is its own."""
         g = self.g
-        if self.tile_local and self.kern.batch_reduce and flat_rows(g):
+        if self.tile_local and self.kern.batch_reduce and flat_rows(g) and self.source is None:
             return g.w + g.pad[1] + g.pad[3]
         return 0
 
@@ -175,9 +179,11 @@ class Int8Plan:
         if self.depthwise:
             return f"depthwise: channels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
         if isinstance(kern, AmxGemmKernel):
+            s2d = (f"; stride 2 as space-to-depth: a {self.g.kh}x{self.g.kw} stride-1 conv on {self.g.c} channels "
+                   f"(2 x 2 pixels of {self.source.c})" if self.source else "")
             return (f"{kern.name}: AMX tdpbusd, {kern.a_tiles} x {kern.b_tiles} tiles of {kern.rows} pixels x 16 "
                     f"channels, uint8 x int8 as they are, zero points through the expansion, channels padded "
-                    f"{self.g.cg} -> {self.cp} (K in steps of {K_DEPTH})")
+                    f"{self.g.cg} -> {self.cp} (K in steps of {K_DEPTH}){s2d}")
         if isinstance(kern, IntGemmKernel) and kern.op == "u8s8":
             return (f"{kern.name}: vpdpbusd ({kern.isa.name}), uint8 x int8 as they are, zero points through "
                     "the expansion")
@@ -222,7 +228,7 @@ class Int8Plan:
 
     @property
     def data_shape(self) -> tuple:
-        g = self.g
+        g = self.source or self.g
         return (g.n, g.h, g.w, g.c) if self.nhwc else (g.n, g.c, g.h, g.w)
 
     @property
@@ -314,6 +320,8 @@ def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) 
     (kernel_vec,) with int16 w - zp_w; for the raw-8-bit tiles (int8 kernel_vec, int32 bias),
     where weights and zp_w are shifted to int8 and bias = -zp_x8 * sum w + K * zp_x8 * zp_w
     (zp_x8: the data's zero point as the tile sees it, after data_shift)."""
+    if plan.source is not None:
+        weight = space_to_depth_weights(weight)
     g = plan.g
     if plan.dot:
         shift = weight_shift(str(weight.dtype))
@@ -360,6 +368,15 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
                 buffer("Out", plan.out_shape, plan.output_dtype)])
     if plan.in_place(dtype):  # the data is the packed input already: a view, no pack
         packed = f"    P = T.decl_buffer({plan.packed_shape}, '{plan.packed_dtype}', data=D.data)"
+    elif plan.source is not None:
+        # The padded source (S, _render_space_to_depth_pack) shares P's allocation: allocated on
+        # its own it dies before the tiles run, and TVM's storage rewrite then lends its memory
+        # to the int32 accumulators, which the tiles' access pointers refuse.
+        p_elems, s_shape = int(np.prod(plan.packed_shape)), space_to_depth_source_shape(plan)
+        dt = plan.packed_dtype
+        packed = "\n".join([f"    PS = T.alloc_buffer(({p_elems + int(np.prod(s_shape))},), '{dt}')",
+                             f"    P = T.decl_buffer({plan.packed_shape}, '{dt}', data=PS.data)",
+                             f"    S = T.decl_buffer({s_shape}, '{dt}', data=PS.data, elem_offset={p_elems})"])
     else:
         packed = f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')"
     return L + [packed, f"    Acc = T.alloc_buffer({plan.acc_shape}, 'int32')"]
@@ -367,6 +384,8 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
 
 def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     """The pack stage into `plan.packed_shape`."""
+    if plan.source is not None:
+        return _render_space_to_depth_pack(plan, dtype, zp)
     g = plan.g
     top, left = g.pad[0], g.pad[1]
     conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
@@ -392,6 +411,31 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
         zero = "T.int16(0)"
     return padded_pack(4, "P", list(zip(names, plan.packed_shape)), " and ".join(conds), value, zero)
+
+
+def _render_space_to_depth_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    """The pack of a space-to-depth plan (space_to_depth), in two copies: the source padded (S:
+    the zero point around it, and past it where only zero taps look), then packed pixel (Y, X),
+    channel k = (2 * py + px) * C + c from padded pixel (2Y + py, 2X + px), channel c (0 in the
+    padded channels). One pass doing both spent 0.25 ms on the stem in per-byte bounds checks."""
+    src, dt, shift = plan.source, plan.packed_dtype, data_shift(plan, dtype)
+    top, left = src.pad[0], src.pad[1]
+    inside = f"{top} <= vy and vy < {top + src.h} and {left} <= vx and vx < {left + src.w}"
+    value = f"D[vn, vy - {top}, vx - {left}, vc]"
+    if shift:
+        value = f"T.Cast('{dt}', T.Cast('int16', {value}) + T.int16({shift}))"
+    c = src.c
+    L = padded_pack(4, "S", list(zip("nyxc", space_to_depth_source_shape(plan))), inside, value,
+                    f"T.{dt}({zp + shift})")
+    L[1] = L[1].replace("'pack'", "'pad'")
+    return L + padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {4 * c}",
+                           f"S[vn, vy * 2 + vc // {2 * c}, vx * 2 + vc // {c} % 2, vc % {c}]", f"T.{dt}(0)")
+
+
+def space_to_depth_source_shape(plan: Int8Plan) -> tuple:
+    """The padded source of a space-to-depth pack: every pixel the packed one's 2 x 2 blocks read."""
+    n, _, hs, ws, _ = plan.packed_shape
+    return (n, 2 * hs, 2 * ws, plan.source.c)
 
 
 def _task(plan: Int8Plan) -> str:
@@ -773,15 +817,16 @@ def x86_tile(isa: Isa, g: Geometry | None) -> tuple[int, int]:
 
 
 def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int = 0, weight_dtype: str = "int8",
-          output: dict | None = None):
+          output: dict | None = None, source: Geometry | None = None):
     """(IRModule after scheduling, plan). tensorize=False vectorizes the same tiling instead: the
     'LLVM chooses the instructions' baseline of `bench arm`. output: Int8Plan's output fields
-    (output_dtype, bias, activation, zp_out). On x86 every stage runs on all threads."""
+    (output_dtype, bias, activation, zp_out). On x86 every stage runs on all threads. source: the
+    layer as given where `g` is its space-to-depth form (Int8Plan.source)."""
     depthwise = is_depthwise(g)
     zw8 = zp_w - weight_shift(weight_dtype)
     parallel = isa.arch == "x86"
     plan = Int8Plan(g, conv_kernel(isa, dtype, depthwise, g), depthwise, **(output or {}), windows=zw8 != 0,
-                    parallel=parallel)
+                    parallel=parallel, source=source)
     if plan.pitch:  # the tile for the flat run of rows (amx_tile), where the row's width no longer counts
         plan = dataclasses.replace(plan, kern=conv_kernel(isa, dtype, depthwise, g, pitched=True))
     if plan.dot:
@@ -850,7 +895,14 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
     """The pack and the unpack on all threads. The unpack transposes: it walks NR output channels
     of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
     NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
-    if _has_block(sch, "pack"):
+    if plan.source is not None:  # space-to-depth: the padding pass by rows; the pack's channels unrolled,
+        # as each comes from a fixed place (a gather across vector lanes costs more than the bytes)
+        pad = sch.get_loops(sch.get_sblock("pad"))
+        sch.parallel(sch.fuse(*pad[:2]))
+        pack = sch.get_loops(sch.get_sblock("pack"))
+        sch.parallel(sch.fuse(*pack[:3]))
+        sch.unroll(pack[-1])
+    elif _has_block(sch, "pack"):
         # Rows of every image (and group) in parallel, a row's pixels in turn and their
         # channels in the vector lanes (the innermost loop, contiguous on both sides).
         outer = sch.get_loops(sch.get_sblock("pack"))
@@ -1075,8 +1127,9 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
     residual = (*quant.residual_ratios(), quant.residual_zero_point, quant.sum_zero_point) if post_ops.residual else None
     output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
               "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC", "residual": residual}
-    mod, plan = build(flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w, weight_dtype=weight_dtype,
-                      output=output)
+    s2d = space_to_depth(g, data_layout, isa, zp_w - weight_shift(weight_dtype))
+    mod, plan = build(s2d or flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w,
+                      weight_dtype=weight_dtype, output=output, source=g if s2d else None)
     return mod, Int8Conv2dOp(g, isa, None, plan, quant, zp_x, zp_w, threads, emulate)
 
 
@@ -1090,3 +1143,30 @@ def flat_geometry(g: Geometry, data_layout: str, isa: Isa) -> Geometry:
             and not any(g.pad) and g.h > 1 and not is_depthwise(g)):
         return g
     return dataclasses.replace(g, h=1, w=g.h * g.w)
+
+
+def space_to_depth(g: Geometry, data_layout: str, isa: Isa, zw8: int) -> Geometry | None:
+    """A stride-2 layer too narrow for the AMX tiles (ResNet's stem: 3 channels, which pad to 64
+    for a kernel row's K) as the stride-1 conv it equals on 2 x 2 blocks of pixels: 4 * C
+    channels, a ceil(KH/2) x ceil(KW/2) kernel whose taps past the original's are zero, so its
+    kernel rows take whole 64-deep steps for less padding (the stem: K 147 -> 192 where VNNI pads
+    it to 196 at a quarter of AMX's rate per step). Channels-last AMX layers of one group whose
+    weights' zero point is 0 (zero taps must add nothing), where the form takes AMX and the layer
+    itself would not; None for the rest."""
+    if not (data_layout == "NHWC" and isa.name == AMX_INT8.name and g.stride == (2, 2) and g.dilation == (1, 1)
+            and g.groups == 1 and zw8 == 0 and amx_tile(g) is None):
+        return None
+    (oh, ow), kh, kw = g.out_hw, -(-g.kh // 2), -(-g.kw // 2)
+    s2d = dataclasses.replace(g, c=4 * g.c, h=oh + kh - 1, w=ow + kw - 1, kh=kh, kw=kw, stride=(1, 1), pad=(0, 0, 0, 0))
+    return s2d if s2d.out_hw == g.out_hw and amx_tile(s2d) is not None else None
+
+
+def space_to_depth_weights(weight: np.ndarray) -> np.ndarray:
+    """OIHW weights of a stride-2 layer -> those of its space-to-depth form (space_to_depth):
+    w'[o, (2 * py + px) * C + c, R, S] = w[o, c, 2R + py, 2S + px], 0 past the kernel's edge."""
+    o, c, kh, kw = weight.shape
+    full = np.zeros((o, c, 2 * -(-kh // 2), 2 * -(-kw // 2)), weight.dtype)
+    full[:, :, :kh, :kw] = weight
+    # (o, c, R, py, S, px) -> (o, py, px, c, R, S)
+    blocks = full.reshape(o, c, kh // 2 + kh % 2, 2, kw // 2 + kw % 2, 2).transpose(0, 3, 5, 1, 2, 4)
+    return np.ascontiguousarray(blocks.reshape(o, 4 * c, -(-kh // 2), -(-kw // 2)))

@@ -165,6 +165,11 @@ def test_flattened_layer_with_residual_is_exact():
     np.testing.assert_array_equal(amx.bind(w, b)(x, residual=r), got)
 
 
+# Requantized with a fused residual add: the store the networks run, checked on each path below.
+RESIDUAL_QUANT = {"output_dtype": "uint8", "input_scale": 0.02, "weight_scale": 0.002, "output_scale": 0.05,
+                  "output_zero_point": 100, "bias": True, "residual": True, "residual_scale": 0.04,
+                  "residual_zero_point": 90, "sum_scale": 0.06, "sum_zero_point": 5}
+
 @st.composite
 def pitched_layers(draw):
     """Channels-last stride-1 layers with kernels of several rows: what runs as one flat run of
@@ -186,9 +191,6 @@ def test_pitched_layers_match_numpy_exactly():
     requantized outputs with a fused residual add, bit for bit (the residual through the VNNI
     tile's NCHW op of the same quantization, which does not run pitched); a non-zero weight zero
     point keeps the layer off the pitched path (window sums need the whole-output accumulators)."""
-    q = dict(output_dtype="uint8", input_scale=0.02, weight_scale=0.002, output_scale=0.05, output_zero_point=100,
-             bias=True, residual=True, residual_scale=0.04, residual_zero_point=90, sum_scale=0.06, sum_zero_point=5)
-
     @settings(max_examples=12, deadline=None)
     @given(pitched_layers(), st.integers(0, 2**32 - 1))
     def check(layer, seed):
@@ -213,10 +215,71 @@ def test_pitched_layers_match_numpy_exactly():
             return
         bias = rng.integers(-3000, 3000, w_shape[0]).astype(np.int32)
         r = rng.integers(0, 256, want.shape).astype(np.uint8)
-        quant = dict(**conv, dtype="uint8", input_zero_point=zp_x, **q)
+        quant = dict(**conv, dtype="uint8", input_zero_point=zp_x, **RESIDUAL_QUANT)
         ref = schedules.conv2d(x.shape, w_shape, target="x86-avx512vnni", **quant)(x, wt, bias, residual=r)
         fused = schedules.conv2d(xl.shape, w_shape, target="x86-amx", data_layout="NHWC", **quant)
         assert fused.plan.pitch > 0
+        got = fused.bind(wt, bias)(xl, residual=np.ascontiguousarray(r.transpose(0, 2, 3, 1)))
+        np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), ref)
+
+    check()
+
+
+def test_stem_runs_on_amx_as_space_to_depth():
+    """ResNet's stem (3 channels, 7x7, stride 2), channels-last: its 2 x 2 blocks of pixels as 12
+    channels of a 4x4 stride-1 conv, which pads to 16 channels (K 256) on AMX where the layer
+    itself would pad 3 to 64; NCHW, the Bochs CPU, a weight zero point or a layer AMX takes as it
+    is keep their own form."""
+    kw = dict(stride=2, padding=3, dtype="uint8", target="x86-amx")
+    op = schedules.conv2d((1, 224, 224, 3), (64, 3, 7, 7), data_layout="NHWC", **kw)
+    p = op.plan
+    assert isinstance(p.kern, AmxGemmKernel) and p.source is not None and "space-to-depth" in p.why
+    assert (p.g.c, p.g.kh, p.g.kw, p.g.stride, p.g.out_hw, p.cp) == (12, 4, 4, (1, 1), (112, 112), 16)
+    assert p.data_shape == op.data_shape == (1, 224, 224, 3) and op.out_shape == (1, 112, 112, 64)
+    for other in (schedules.conv2d((1, 3, 224, 224), (64, 3, 7, 7), **kw),
+                  schedules.conv2d((1, 224, 224, 3), (64, 3, 7, 7), data_layout="NHWC", weight_zero_point=3, **kw),
+                  schedules.conv2d((1, 224, 224, 3), (64, 3, 7, 7), data_layout="NHWC", emulate=True, **kw),
+                  schedules.conv2d((1, 56, 56, 64), (64, 64, 3, 3), data_layout="NHWC", **kw)):
+        assert other.plan.source is None
+
+
+@st.composite
+def space_to_depth_layers(draw):
+    """Stride-2 channels-last layers narrow enough that only their space-to-depth form takes AMX:
+    3 to 16 channels with 7x7 kernels, or 3 with 8x8 (an 8x8 kernel row of 8 channels is a whole
+    64-deep step already); asymmetric padding, odd and even sizes, batches."""
+    k, c = draw(st.sampled_from([(7, 3), (7, 4), (7, 8), (7, 16), (8, 3)]))
+    pad = tuple(draw(st.integers(0, k // 2)) for _ in range(4))
+    h = draw(st.integers(max(1, k - pad[0] - pad[2]), 24))
+    w = draw(st.integers(max(1, k - pad[1] - pad[3]), 40))
+    return {"x": (draw(st.sampled_from([1, 2])), c, h, w), "w": (draw(st.integers(1, 40)), c, k, k), "padding": pad}
+
+
+@needs_amx
+def test_space_to_depth_layers_match_numpy_exactly():
+    """The space-to-depth form on AMX, int32 accumulators against the int64 reference and
+    requantized with a fused residual add against the VNNI tile's op of the same quantization
+    (which runs the layer as it is)."""
+    @settings(max_examples=10, deadline=None)
+    @given(space_to_depth_layers(), st.integers(0, 2**32 - 1))
+    def check(layer, seed):
+        rng = np.random.default_rng(seed)
+        zp_x = int(rng.integers(0, 256))
+        x = rng.integers(0, 256, layer["x"]).astype(np.uint8)
+        wt = rng.integers(-128, 128, layer["w"]).astype(np.int8)
+        xl = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        conv = dict(stride=2, padding=layer["padding"], dtype="uint8", input_zero_point=zp_x)
+        op = schedules.conv2d(xl.shape, layer["w"], target="x86-amx", data_layout="NHWC", **conv)
+        assert op.plan.source is not None and isinstance(op.plan.kern, AmxGemmKernel), op.plan.why
+        want = conv_reference.qconv2d(x, wt, zp_x, 0, 2, layer["padding"])
+        got = op(xl, wt).transpose(0, 3, 1, 2)
+        bad = got != want
+        assert not bad.any(), f"{bad.sum()} of {got.size} differ ({op.plan.why}); first {np.argwhere(bad)[0]}"
+        bias = rng.integers(-3000, 3000, layer["w"][0]).astype(np.int32)
+        r = rng.integers(0, 256, want.shape).astype(np.uint8)
+        quant = {**conv, **RESIDUAL_QUANT}
+        ref = schedules.conv2d(x.shape, layer["w"], target="x86-avx512vnni", **quant)(x, wt, bias, residual=r)
+        fused = schedules.conv2d(xl.shape, layer["w"], target="x86-amx", data_layout="NHWC", **quant)
         got = fused.bind(wt, bias)(xl, residual=np.ascontiguousarray(r.transpose(0, 2, 3, 1)))
         np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), ref)
 

@@ -75,6 +75,7 @@ MAX_K_VNNI = (2**31 - 1) // (4 * 255 * 128)  # 16448
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
 DEPTHWISE_LANES = 8  # int16 channels per q register (ARM); x86: Int8Plan.lanes
 MAX_CHUNKS = 64  # parallel chunks of a tile-local layer (Int8Plan.chunks)
+SPACE_TO_DEPTH, SUBSAMPLED = "space-to-depth", "subsampled"  # Int8Plan.form
 
 
 def zero_point(name: str, zp, dtype: str) -> int:
@@ -104,9 +105,10 @@ class Int8Plan:
     # A fused quantized residual add, (ratio of y, ratio of r, r's zero point, the sum's zero
     # point) as Quantization.residual_ratios and its zero points give them; R takes Out's shape.
     residual: tuple | None = None
-    # The layer as given where `g` is its space-to-depth form (space_to_depth): the pack reads
-    # the data in this one's shape and pack_weights rearranges its weights.
+    # The layer as given where `g` is another form of it (`form`: space_to_depth's or a 1x1
+    # stride-s layer's subsampled one, subsampled): the pack reads the data in this one's shape.
     source: object = None
+    form: str | None = None
 
     @property
     def dot(self) -> bool:
@@ -123,7 +125,8 @@ class Int8Plan:
         padding or groups whose rows are whole tiles, on a raw 8-bit tile that takes the data's
         dtype (nothing to widen, shift or pad). ResNet's and MobileNet's 1x1 layers are."""
         g = self.g
-        return (self.nhwc and self.parallel and self.dot and dtype == self.packed_dtype and g.kh == g.kw == 1
+        return (self.source is None and self.nhwc and self.parallel and self.dot and dtype == self.packed_dtype
+                and g.kh == g.kw == 1
                 and g.stride == (1, 1) and not any(g.pad) and g.groups == 1 and self.cp == g.c
                 and self.ow_padded == g.w)
 
@@ -178,18 +181,19 @@ class Int8Plan:
             return f"depthwise: a row's pixels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
         if self.depthwise:
             return f"depthwise: channels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
+        form = {SPACE_TO_DEPTH: f"; stride 2 as space-to-depth: a {self.g.kh}x{self.g.kw} stride-1 conv on "
+                                f"{self.g.c} channels (2 x 2 pixels of {self.source.c})" if self.source else "",
+                SUBSAMPLED: "; the strided pixels packed into one row of a 1x1 stride-1 layer", None: ""}[self.form]
         if isinstance(kern, AmxGemmKernel):
-            s2d = (f"; stride 2 as space-to-depth: a {self.g.kh}x{self.g.kw} stride-1 conv on {self.g.c} channels "
-                   f"(2 x 2 pixels of {self.source.c})" if self.source else "")
             return (f"{kern.name}: AMX tdpbusd, {kern.a_tiles} x {kern.b_tiles} tiles of {kern.rows} pixels x 16 "
                     f"channels, uint8 x int8 as they are, zero points through the expansion, channels padded "
-                    f"{self.g.cg} -> {self.cp} (K in steps of {K_DEPTH}){s2d}")
+                    f"{self.g.cg} -> {self.cp} (K in steps of {K_DEPTH}){form}")
         if isinstance(kern, IntGemmKernel) and kern.op == "u8s8":
             return (f"{kern.name}: vpdpbusd ({kern.isa.name}), uint8 x int8 as they are, zero points through "
-                    "the expansion")
+                    f"the expansion{form}")
         if isinstance(kern, IntGemmKernel):
             return (f"{kern.name}: the int16 upcast, vpmaddwd on x - zp_x and w - zp_w packed once "
-                    f"({kern.isa.name}: no VNNI asked for or available, or int16 data)")
+                    f"({kern.isa.name}: no VNNI asked for or available, or int16 data){form}")
         return f"{kern.name}: NEON integer tile"
 
     @property
@@ -320,7 +324,7 @@ def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) 
     (kernel_vec,) with int16 w - zp_w; for the raw-8-bit tiles (int8 kernel_vec, int32 bias),
     where weights and zp_w are shifted to int8 and bias = -zp_x8 * sum w + K * zp_x8 * zp_w
     (zp_x8: the data's zero point as the tile sees it, after data_shift)."""
-    if plan.source is not None:
+    if plan.form == SPACE_TO_DEPTH:
         weight = space_to_depth_weights(weight)
     g = plan.g
     if plan.dot:
@@ -368,7 +372,7 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
                 buffer("Out", plan.out_shape, plan.output_dtype)])
     if plan.in_place(dtype):  # the data is the packed input already: a view, no pack
         packed = f"    P = T.decl_buffer({plan.packed_shape}, '{plan.packed_dtype}', data=D.data)"
-    elif plan.source is not None:
+    elif plan.form == SPACE_TO_DEPTH:
         # The padded source (S, _render_space_to_depth_pack) shares P's allocation: allocated on
         # its own it dies before the tiles run, and TVM's storage rewrite then lends its memory
         # to the int32 accumulators, which the tiles' access pointers refuse.
@@ -384,8 +388,10 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
 
 def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     """The pack stage into `plan.packed_shape`."""
-    if plan.source is not None:
+    if plan.form == SPACE_TO_DEPTH:
         return _render_space_to_depth_pack(plan, dtype, zp)
+    if plan.form == SUBSAMPLED:
+        return _render_subsampled_pack(plan, dtype, zp)
     g = plan.g
     top, left = g.pad[0], g.pad[1]
     conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
@@ -430,6 +436,23 @@ def _render_space_to_depth_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str
     L[1] = L[1].replace("'pack'", "'pad'")
     return L + padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {4 * c}",
                            f"S[vn, vy * 2 + vc // {2 * c}, vx * 2 + vc // {c} % 2, vc % {c}]", f"T.{dt}(0)")
+
+
+def _render_subsampled_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    """The pack of a subsampled 1x1 layer (subsampled): the source's pixels at the stride, one
+    row of OH * OW, as `_render_pack` makes them (8-bit as the tile takes it, or widened less the
+    zero point for the upcast); padded channels and the row's tail past OH * OW hold 0."""
+    src, dt = plan.source, plan.packed_dtype
+    (sh, sw), (oh, ow) = src.stride, src.out_hw
+    value = f"D[vn, vx // {ow} * {sh}, vx % {ow} * {sw}, vg * {src.cg} + vc]"
+    if plan.dot:
+        shift = data_shift(plan, dtype)
+        if shift:
+            value = f"T.Cast('{dt}', T.Cast('int16', {value}) + T.int16({shift}))"
+    else:
+        value = f"T.Cast('int16', {value})" + (f" - T.int16({zp})" if zp else "")
+    return padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {src.cg} and vx < {oh * ow}",
+                       value, f"T.{dt}(0)")
 
 
 def space_to_depth_source_shape(plan: Int8Plan) -> tuple:
@@ -817,16 +840,16 @@ def x86_tile(isa: Isa, g: Geometry | None) -> tuple[int, int]:
 
 
 def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int = 0, weight_dtype: str = "int8",
-          output: dict | None = None, source: Geometry | None = None):
+          output: dict | None = None, source: tuple | None = None):
     """(IRModule after scheduling, plan). tensorize=False vectorizes the same tiling instead: the
     'LLVM chooses the instructions' baseline of `bench arm`. output: Int8Plan's output fields
     (output_dtype, bias, activation, zp_out). On x86 every stage runs on all threads. source: the
-    layer as given where `g` is its space-to-depth form (Int8Plan.source)."""
+    layer as given and the form `g` is of it, (Geometry, form) (Int8Plan.source, Int8Plan.form)."""
     depthwise = is_depthwise(g)
     zw8 = zp_w - weight_shift(weight_dtype)
     parallel = isa.arch == "x86"
     plan = Int8Plan(g, conv_kernel(isa, dtype, depthwise, g), depthwise, **(output or {}), windows=zw8 != 0,
-                    parallel=parallel, source=source)
+                    parallel=parallel, **dict(zip(("source", "form"), source or ())))
     if plan.pitch:  # the tile for the flat run of rows (amx_tile), where the row's width no longer counts
         plan = dataclasses.replace(plan, kern=conv_kernel(isa, dtype, depthwise, g, pitched=True))
     if plan.dot:
@@ -895,7 +918,7 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
     """The pack and the unpack on all threads. The unpack transposes: it walks NR output channels
     of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
     NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
-    if plan.source is not None:  # space-to-depth: the padding pass by rows; the pack's channels unrolled,
+    if plan.form == SPACE_TO_DEPTH:  # the padding pass by rows; the pack's channels unrolled,
         # as each comes from a fixed place (a gather across vector lanes costs more than the bytes)
         pad = sch.get_loops(sch.get_sblock("pad"))
         sch.parallel(sch.fuse(*pad[:2]))
@@ -1127,9 +1150,11 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
     residual = (*quant.residual_ratios(), quant.residual_zero_point, quant.sum_zero_point) if post_ops.residual else None
     output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
               "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC", "residual": residual}
-    s2d = space_to_depth(g, data_layout, isa, zp_w - weight_shift(weight_dtype))
-    mod, plan = build(s2d or flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w,
-                      weight_dtype=weight_dtype, output=output, source=g if s2d else None)
+    zw8 = zp_w - weight_shift(weight_dtype)
+    s2d, sub = space_to_depth(g, data_layout, isa, zw8), subsampled(g, data_layout, isa)
+    form = SPACE_TO_DEPTH if s2d else SUBSAMPLED if sub else None
+    mod, plan = build(s2d or sub or flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w,
+                      weight_dtype=weight_dtype, output=output, source=(g, form) if form else None)
     return mod, Int8Conv2dOp(g, isa, None, plan, quant, zp_x, zp_w, threads, emulate)
 
 
@@ -1170,3 +1195,15 @@ def space_to_depth_weights(weight: np.ndarray) -> np.ndarray:
     # (o, c, R, py, S, px) -> (o, py, px, c, R, S)
     blocks = full.reshape(o, c, kh // 2 + kh % 2, 2, kw // 2 + kw % 2, 2).transpose(0, 3, 5, 1, 2, 4)
     return np.ascontiguousarray(blocks.reshape(o, 4 * c, -(-kh // 2), -(-kw // 2)))
+
+
+def subsampled(g: Geometry, data_layout: str, isa: Isa) -> Geometry | None:
+    """A channels-last 1x1 strided unpadded x86 layer as the 1x1 stride-1 layer on its strided
+    pixels, packed into one row of OH * OW (flat_geometry's long tiles, where a 7- or 14-pixel
+    output row gave 7-row AMX tiles: ResNet's downsampling layers); None for the rest. The
+    module's output is that row, the user's (N, OH, OW, O) as it lies in memory."""
+    if not (data_layout == "NHWC" and isa.arch == "x86" and g.kh == g.kw == 1 and g.stride != (1, 1)
+            and not any(g.pad) and not is_depthwise(g)):
+        return None
+    oh, ow = g.out_hw
+    return dataclasses.replace(g, h=1, w=oh * ow, stride=(1, 1), dilation=(1, 1))

@@ -411,18 +411,19 @@ class _QdqConvs(PyExprMutator):
             x = self.builder_.emit(relax.op.reshape(chain.x, (params.data_shape[0], 1, 1, params.data_shape[1])))
         else:
             x = self.builder_.emit(relax.op.permute_dims(chain.x, TO_NHWC))
-        # The module may take the layer flattened (conv.int8.flat_geometry): the same memory.
-        flat = op.plan.data_shape != op.data_shape
-        if flat:
+        # The module may take the layer's data or output flattened (conv.int8.flat_geometry, a
+        # subsampled 1x1 layer's output): the same memory.
+        flat_in, flat_out = op.plan.data_shape != op.data_shape, op.plan.out_shape != op.out_shape
+        if flat_in:
             x = self.builder_.emit(relax.op.reshape(x, op.plan.data_shape))
         args = [x, *(relax.const(v) for v in op.constants(op.pack_weights(chain.w), bias))]
         if chain.residual is not None:
             r = self.builder_.emit(relax.op.permute_dims(chain.residual[0], TO_NHWC))
-            args.append(self.builder_.emit(relax.op.reshape(r, op.plan.out_shape)) if flat else r)
+            args.append(self.builder_.emit(relax.op.reshape(r, op.plan.out_shape)) if flat_out else r)
         self._log(chain, "ours", op.plan.why + ("; the quantized residual add fused into its store"
                                                 if chain.residual is not None else ""))
         y = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(op.plan.out_shape, chain.out_dtype)))
-        if flat:
+        if flat_out:
             y = self.builder_.emit(relax.op.reshape(y, op.out_shape))
         if chain.dense:
             return relax.op.reshape(y, (params.data_shape[0], o))

@@ -284,3 +284,22 @@ def test_space_to_depth_layers_match_numpy_exactly():
         np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), ref)
 
     check()
+
+
+@needs_amx
+@pytest.mark.parametrize("c, o, hw, n", [(256, 96, 14, 1), (128, 40, 9, 2)])
+def test_strided_1x1_layer_on_subsampled_pixels_is_exact(c, o, hw, n):
+    """ResNet's downsampling 1x1 stride-2 layers, channels-last: the strided pixels packed into
+    one row, long AMX tiles over it (not 7 rows for a 7-pixel output row), against the VNNI
+    tile's NCHW op of the same quantization with the fused residual add."""
+    rng = np.random.default_rng(c + o)
+    x = rng.integers(0, 256, (n, c, hw, hw)).astype(np.uint8)
+    wt = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+    bias = rng.integers(-3000, 3000, o).astype(np.int32)
+    quant = {"stride": 2, "dtype": "uint8", "input_zero_point": 33, **RESIDUAL_QUANT}
+    ref = schedules.conv2d(x.shape, wt.shape, target="x86-avx512vnni", **quant)
+    r = rng.integers(0, 256, (n, o, *ref.geometry.out_hw)).astype(np.uint8)
+    op = schedules.conv2d((n, hw, hw, c), wt.shape, target="x86-amx", data_layout="NHWC", **quant)
+    assert op.plan.form == "subsampled" and isinstance(op.plan.kern, AmxGemmKernel) and op.plan.kern.mr > 8
+    got = op.bind(wt, bias)(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), residual=np.ascontiguousarray(r.transpose(0, 2, 3, 1)))
+    np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), ref(x, wt, bias, residual=r))

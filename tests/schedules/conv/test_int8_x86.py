@@ -292,3 +292,30 @@ def test_channels_last_1x1_reads_the_data_in_place():
     np.testing.assert_array_equal(got, schedules.conv2d((2, 32, 7, 14), (48, 32, 1, 1), **q)(x, w))
     assert not schedules.conv2d((2, 7, 14, 32), (48, 32, 1, 1), padding=1, data_layout="NHWC", **q).plan.in_place("uint8")
     assert not schedules.conv2d((2, 7, 14, 32), (48, 32, 3, 3), data_layout="NHWC", **q).plan.in_place("uint8")
+
+
+@pytest.mark.parametrize("target", ["x86-avx512vnni", "x86-avx2"])
+@pytest.mark.parametrize("stride, groups, n", [(2, 1, 1), (3, 2, 2), ((2, 1), 1, 2)])
+def test_strided_1x1_layer_runs_on_its_subsampled_pixels(target, stride, groups, n):
+    """A channels-last strided 1x1 layer is the stride-1 layer on its strided pixels, packed into
+    one row (conv.int8.subsampled): the same values as NCHW's, with a fused residual add, the
+    user's shapes kept; a padded one keeps its rows."""
+    run = _run_args(target)
+    rng = np.random.default_rng(8)
+    c, o, h, w = 24 * groups, 20 * groups, 9, 13
+    x, wt = _values(rng, "uint8", (n, c, h, w)), _values(rng, "int8", (o, c // groups, 1, 1))
+    q = dict(stride=stride, groups=groups, dtype="uint8", target=target, input_zero_point=77, output_dtype="uint8",
+             input_scale=0.05, weight_scale=0.01, output_scale=0.1, output_zero_point=5, bias=True, residual=True,
+             residual_scale=0.07, residual_zero_point=30, sum_scale=0.12, sum_zero_point=9, **run)
+    ref = schedules.conv2d(x.shape, wt.shape, **q)
+    bias = rng.integers(-500, 500, o).astype(np.int32)
+    r = _values(rng, "uint8", (n, o, *ref.geometry.out_hw))
+    want = ref(x, wt, bias, residual=r)
+    op = schedules.conv2d((n, h, w, c), wt.shape, data_layout="NHWC", **q)
+    (oh, ow) = ref.geometry.out_hw
+    assert op.plan.form == "subsampled" and "strided pixels" in op.plan.why
+    assert op.plan.out_shape == (n, 1, oh * ow, o) and op.out_shape == (n, oh, ow, o)
+    got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt, bias, residual=np.ascontiguousarray(r.transpose(0, 2, 3, 1)))
+    np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), want)
+    padded = schedules.conv2d((n, h, w, c), wt.shape, padding=1, data_layout="NHWC", **q)
+    assert padded.plan.form is None

@@ -75,6 +75,7 @@ MAX_K_VNNI = (2**31 - 1) // (4 * 255 * 128)  # 16448
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
 DEPTHWISE_LANES = 8  # int16 channels per q register (ARM); x86: Int8Plan.lanes
 MAX_CHUNKS = 64  # parallel chunks of a tile-local layer (Int8Plan.chunks)
+MAX_FLOAT_TAPS = 2**24 // MAX_PRODUCT  # 258: float32 sums of integer products exact (Int8Plan.float_taps)
 SPACE_TO_DEPTH, SUBSAMPLED = "space-to-depth", "subsampled"  # Int8Plan.form
 
 
@@ -179,6 +180,9 @@ class Int8Plan:
         kern = self.kern
         if self.rows:
             return f"depthwise: a row's pixels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
+        if self.float_taps:
+            return (f"depthwise: channels in vector lanes, float32 FMA taps on the 8-bit data (exact: at most "
+                    f"{MAX_FLOAT_TAPS} taps), no GEMM tile")
         if self.depthwise:
             return f"depthwise: channels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
         form = {SPACE_TO_DEPTH: f"; stride 2 as space-to-depth: a {self.g.kh}x{self.g.kw} stride-1 conv on "
@@ -197,13 +201,41 @@ class Int8Plan:
         return f"{kern.name}: NEON integer tile"
 
     @property
+    def float_taps(self) -> bool:
+        """Depthwise channels-last on x86: the taps multiply in float32, the data as it is (8-bit,
+        padded with its zero point, widened and converted as it is read) by w - zp_w packed as
+        float32, summed by FMA exactly (each product is an integer of at most 255 * 255 in
+        magnitude, so up to MAX_FLOAT_TAPS of them sum below 2**24); -zp_x * sum(w - zp_w) joins
+        the bias, as the expansion of the dot tiles. x86 has no 16-lane int32 multiply-add: the
+        int16 taps took two widenings and a vpmulld (two µops, ten cycles' latency) each, 0.29 ms
+        for MobileNetV2's 96-channel 112x112 stride-2 layer. Packing float32 instead cost more
+        than it saved: four bytes per input value, 4.9 MB for that layer, past the L2."""
+        g = self.g
+        return self.depthwise and self.parallel and self.nhwc and g.kh * g.kw <= MAX_FLOAT_TAPS
+
+    @property
     def packed_dtype(self) -> str:
-        """The packed input's (A's) element type."""
+        """The packed input's (A's) element type (with float taps, the data's own: None here,
+        `pack_dtype(dtype)`)."""
         return self.kern.a_dtype
+
+    def pack_dtype(self, dtype: str) -> str:
+        """The packed input's element type for data of `dtype`."""
+        return dtype if self.float_taps else self.packed_dtype
 
     @property
     def weight_dtype(self) -> str:
-        return self.kern.b_dtype
+        return "float32" if self.float_taps else self.kern.b_dtype
+
+    @property
+    def expands(self) -> bool:
+        """Whether pack_weights returns per-channel terms of the zero points' expansion, which
+        join the bias (the raw-8-bit tiles, float taps)."""
+        return self.dot or self.float_taps
+
+    @property
+    def acc_dtype(self) -> str:
+        return "float32" if self.float_taps else "int32"
 
     @property
     def cp(self) -> int:
@@ -339,8 +371,11 @@ def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) 
     if plan.rows:
         return (np.ascontiguousarray(w[:, 0]),)
     if plan.depthwise:
-        out = np.zeros(plan.weight_shape, np.int16)
+        out = np.zeros(plan.weight_shape, plan.weight_dtype)
         out[:, :, : g.c] = w[:, 0].transpose(1, 2, 0)
+        if plan.float_taps:  # the zero point of the data, which the pack leaves in, out through the bias
+            bias = (-zp_x8 * w.astype(np.int64).reshape(g.o, -1).sum(axis=1)).astype(np.int32)
+            return out, bias.reshape(plan.bias_shape)
         return (out,)
     return (_pack_gemm_weights(plan, w, np.int16),)
 
@@ -382,8 +417,8 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
                              f"    P = T.decl_buffer({plan.packed_shape}, '{dt}', data=PS.data)",
                              f"    S = T.decl_buffer({s_shape}, '{dt}', data=PS.data, elem_offset={p_elems})"])
     else:
-        packed = f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')"
-    return L + [packed, f"    Acc = T.alloc_buffer({plan.acc_shape}, 'int32')"]
+        packed = f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.pack_dtype(dtype)}')"
+    return L + [packed, f"    Acc = T.alloc_buffer({plan.acc_shape}, '{plan.acc_dtype}')"]
 
 
 def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
@@ -416,6 +451,8 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     else:
         value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
         zero = "T.int16(0)"
+        if plan.float_taps:  # the data as it is, its zero point in the padding
+            value, zero = x, f"T.{dtype}({zp})"
     return padded_pack(4, "P", list(zip(names, plan.packed_shape)), " and ".join(conds), value, zero)
 
 
@@ -661,20 +698,23 @@ def _render_depthwise(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     (sh, sw), (dh, dw) = g.stride, g.dilation
     cp = plan.packed_shape[-1]
     L = _header(plan, dtype) + _render_pack(plan, dtype, zp)
+    a, b = f"P[vn, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc]", "Wv[vr, vs, vc]"
+    product = f"T.Cast('float32', {a}) * {b}" if plan.float_taps else f"T.Cast('int32', {a}) * T.Cast('int32', {b})"
     L += [
         f"    for n, y, x, c, r, s in T.grid({g.n}, {oh}, {ow}, {cp}, {g.kh}, {g.kw}):",
         "        with T.sblock('conv'):",
         "            vn, vy, vx, vc, vr, vs = T.axis.remap('SSSSRR', [n, y, x, c, r, s])",
         "            with T.init():",
-        "                Acc[vn, vy, vx, vc] = 0",
-        "            Acc[vn, vy, vx, vc] = Acc[vn, vy, vx, vc] + "
-        f"T.Cast('int32', P[vn, vy * {sh} + vr * {dh}, vx * {sw} + vs * {dw}, vc]) * T.Cast('int32', Wv[vr, vs, vc])",
+        f"                Acc[vn, vy, vx, vc] = T.{plan.acc_dtype}(0)",
+        f"            Acc[vn, vy, vx, vc] = Acc[vn, vy, vx, vc] + {product}",
     ]
     if plan.nhwc:
+        # float taps: the exact integer sum back to int32, so the store is the integer path's
+        acc = "T.Cast('int32', Acc[vn, vy, vx, vc])" if plan.float_taps else "Acc[vn, vy, vx, vc]"
         L += [f"    for n, y, x, c in T.grid({g.n}, {oh}, {ow}, {g.c}):",
               "        with T.sblock('unpack'):",
               "            vn, vy, vx, vc = T.axis.remap('SSSS', [n, y, x, c])",
-              f"            Out[vn, vy, vx, vc] = {_output(plan, 'Acc[vn, vy, vx, vc]', 'vc', 'vn, vy, vx, vc')}"]
+              f"            Out[vn, vy, vx, vc] = {_output(plan, acc, 'vc', 'vn, vy, vx, vc')}"]
         return L
     L += [
         f"    for n, c, y, x in T.grid({g.n}, {g.c}, {oh}, {ow}):",
@@ -852,7 +892,7 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
                     parallel=parallel, **dict(zip(("source", "form"), source or ())))
     if plan.pitch:  # the tile for the flat run of rows (amx_tile), where the row's width no longer counts
         plan = dataclasses.replace(plan, kern=conv_kernel(isa, dtype, depthwise, g, pitched=True))
-    if plan.dot:
+    if plan.dot or plan.float_taps:
         plan = dataclasses.replace(plan, bias=True)  # the expansion's per-channel terms
     # The buffers the plan sizes, refused before any TIR is made (TVM indexes in int32).
     check_elements(packed_input=plan.packed_shape, packed_weight=plan.weight_shape, accumulators=plan.acc_shape)
@@ -868,6 +908,16 @@ def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int 
         # Taps outside the lanes: the 8 accumulators of a pixel stay in one register pair
         # across all KH*KW taps, and each tap is one widening MAC over 8 channels.
         sch.reorder(co, r, s, ci)
+        if plan.float_taps:
+            # Float adds keep their order, so one pixel's taps are one chain of dependent FMAs
+            # (four cycles each): XB pixels' chains side by side, unrolled, keep the FMA units busy.
+            xb = next(b for b in (8, 7, 6, 5, 4, 3, 2, 1) if g.out_hw[1] % b == 0)
+            x, xi = sch.split(x, [None, xb])
+            sch.reorder(x, co, r, s, xi, ci)
+            # All taps unrolled too: neighbouring pixels' taps read the same input vector, which
+            # LLVM then loads and converts once for all of them.
+            for loop in (r, s, xi):
+                sch.unroll(loop)
         sch.vectorize(ci)
         if parallel:  # before the init block is split off: parallel() takes a whole reduction block
             sch.parallel(sch.fuse(n, y))
@@ -1017,7 +1067,7 @@ class Int8Conv2dOp:
                    residual: np.ndarray | None = None) -> np.ndarray:
         plan = self.plan
         check_array("data", data, self.data_shape, self.dtype)
-        specs = [(plan.weight_shape, plan.weight_dtype)] + ([(plan.bias_shape, "int32")] if plan.dot else [])
+        specs = [(plan.weight_shape, plan.weight_dtype)] + ([(plan.bias_shape, "int32")] if plan.expands else [])
         if not isinstance(packed, tuple) or len(packed) != len(specs):
             raise TypeError(f"packed must be the tuple of {len(specs)} array(s) that op.pack_weights returns")
         for i, (arr, (shape, dt)) in enumerate(zip(packed, specs)):
@@ -1058,7 +1108,7 @@ class Int8Conv2dOp:
         plan, g = self.plan, self.geometry
         args = [packed[0]]
         if plan.bias:
-            total = packed[1].astype(np.int64) if plan.dot else np.zeros(plan.bias_shape, np.int64)
+            total = packed[1].astype(np.int64) if plan.expands else np.zeros(plan.bias_shape, np.int64)
             if bias is not None:
                 check_array("bias", bias, (g.o,), "int32")
                 total = total + bias.astype(np.int64).reshape(plan.bias_shape)

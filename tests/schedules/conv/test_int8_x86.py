@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import schedules
 from microkernels import X86_INT_ISAS
-from schedules.conv.int8 import MAX_K_VNNI
+from schedules.conv.int8 import MAX_FLOAT_TAPS, MAX_K_VNNI
 
 from ... import conv_reference
 from ...testers.int_gemm import requantize
@@ -319,3 +319,30 @@ def test_strided_1x1_layer_runs_on_its_subsampled_pixels(target, stride, groups,
     np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), want)
     padded = schedules.conv2d((n, h, w, c), wt.shape, padding=1, data_layout="NHWC", **q)
     assert padded.plan.form is None
+
+
+@pytest.mark.parametrize("dtype, weight_dtype", [("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8")])
+def test_channels_last_depthwise_float_taps_are_exact(dtype, weight_dtype):
+    """Channels-last depthwise on x86 multiplies in float32 (Int8Plan.float_taps): the int32
+    accumulators equal the int64 reference over kernel sizes, strides, dilations and both zero
+    points, and at the exactness bound: MAX_FLOAT_TAPS taps of the largest product (255 * 255)
+    sum to just under 2**24. One more tap and the layer takes the int16 taps."""
+    run = _run_args("x86-avx512")
+    rng = np.random.default_rng(5)
+    for (k, stride, dilation, pad), c in zip([(3, 1, 1, 1), (3, 2, 1, 1), (5, 1, 2, 4), (7, 2, 1, 3)], (19, 32, 8, 40)):
+        x, w = _values(rng, dtype, (2, c, 11, 13)), _values(rng, weight_dtype, (c, 1, k, k))
+        zp_x, zp_w = (int(_values(rng, t, ())) for t in (dtype, weight_dtype))
+        op = schedules.conv2d((2, 11, 13, c), w.shape, stride, pad, dilation, c, dtype=dtype, weight_dtype=weight_dtype,
+                              target="x86-avx512", input_zero_point=zp_x, weight_zero_point=zp_w, data_layout="NHWC", **run)
+        assert op.plan.float_taps and "float32 FMA taps" in op.plan.why
+        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w).transpose(0, 3, 1, 2)
+        np.testing.assert_array_equal(got, conv_reference.qconv2d(x, w, zp_x, zp_w, stride, pad, dilation, c))
+    if dtype != "uint8" or weight_dtype != "uint8":
+        return
+    for kw, float_taps in ((MAX_FLOAT_TAPS // 2, True), (MAX_FLOAT_TAPS // 2 + 1, False)):
+        x, w = np.full((1, 4, 2, kw), 255, np.uint8), np.full((4, 1, 2, kw), 255, np.uint8)
+        op = schedules.conv2d((1, 2, kw, 4), w.shape, groups=4, dtype="uint8", weight_dtype="uint8", target="x86-avx512",
+                              data_layout="NHWC", **run)
+        assert op.plan.float_taps == float_taps
+        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w)
+        assert (got == 2 * kw * 255 * 255).all() and (not float_taps or 2 * kw * 255 * 255 < 2**24)

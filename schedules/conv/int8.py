@@ -155,6 +155,14 @@ class Int8Plan:
         return 0
 
     @property
+    def rows_outer(self) -> bool:
+        """Whether a thread's tasks run over rows outermost (_task_parts): tile-local layers whose
+        packed weights take fewer bytes than their packed input."""
+        if not self.tile_local:
+            return False
+        return int(np.prod(self.weight_shape)) <= int(np.prod(self.packed_shape))
+
+    @property
     def task_rows(self) -> int:
         """Rows of tiles per image, group and output block: output rows, or with a pitch, tiles of
         the flat run of OH x pitch output positions."""
@@ -476,19 +484,21 @@ def _render_space_to_depth_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str
 
 
 def _render_subsampled_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
-    """The pack of a subsampled 1x1 layer (subsampled): the source's pixels at the stride, one
-    row of OH * OW, as `_render_pack` makes them (8-bit as the tile takes it, or widened less the
-    zero point for the upcast); padded channels and the row's tail past OH * OW hold 0."""
+    """The pack of a subsampled 1x1 layer (subsampled): the source's pixels at the stride, the
+    OH * OW of them in rows of flat_row's length, as `_render_pack` makes them (8-bit as the tile
+    takes it, or widened less the zero point for the upcast); padded channels and each row's
+    tail past its pixels hold 0."""
     src, dt = plan.source, plan.packed_dtype
-    (sh, sw), (oh, ow) = src.stride, src.out_hw
-    value = f"D[vn, vx // {ow} * {sh}, vx % {ow} * {sw}, vg * {src.cg} + vc]"
+    (sh, sw), ow = src.stride, src.out_hw[1]
+    p = f"(vy * {plan.g.w} + vx)"
+    value = f"D[vn, {p} // {ow} * {sh}, {p} % {ow} * {sw}, vg * {src.cg} + vc]"
     if plan.dot:
         shift = data_shift(plan, dtype)
         if shift:
             value = f"T.Cast('{dt}', T.Cast('int16', {value}) + T.int16({shift}))"
     else:
         value = f"T.Cast('int16', {value})" + (f" - T.int16({zp})" if zp else "")
-    return padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {src.cg} and vx < {oh * ow}",
+    return padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {src.cg} and vx < {plan.g.w}",
                        value, f"T.{dt}(0)")
 
 
@@ -504,16 +514,28 @@ def _task(plan: Int8Plan) -> str:
     return f"(c * {plan.tasks // plan.chunks} + fc)" if plan.tile_local else "f"
 
 
+def _task_parts(plan: Int8Plan) -> dict[str, str]:
+    """The parallel task's image, group, output block and row (or row of tiles) as loop text.
+    Consecutive tasks, which a thread runs in turn, walk the output blocks of a row where the
+    weights are the smaller operand (Int8Plan.rows_outer: each thread then reads only its own
+    rows of the input, which the layer before wrote on the same thread), else a block's rows."""
+    g, f = plan.g, _task(plan)
+    size = {"y": plan.task_rows, "ob": plan.op // plan.kern.nr}
+    inner, outer = ("ob", "y") if plan.rows_outer else ("y", "ob")
+    per_group = size["y"] * size["ob"]
+    return {"n": f"{f} // {g.groups * per_group}", "g": f"{f} // {per_group} % {g.groups}",
+            outer: f"{f} // {size[inner]} % {size[outer]}", inner: f"{f} % {size[inner]}"}
+
+
 def _tile_iters(plan: Int8Plan, columns: list[str]) -> list[str]:
     """A tile block's spatial iterators; `columns` bind its output columns (vm, and vx0). With
     `parallel` (x86) the rows of every image, group and output block are one parallel loop, f."""
     if plan.parallel:
         g, oh = plan.g, plan.task_rows
         ob = plan.op // plan.kern.nr
-        f = _task(plan)
-        rows = [f"vn = T.axis.spatial({g.n}, {f} // {g.groups * ob * oh})",
-                f"vg = T.axis.spatial({g.groups}, {f} // {ob * oh} % {g.groups})",
-                f"vob = T.axis.spatial({ob}, {f} // {oh} % {ob})", f"vy = T.axis.spatial({oh}, {f} % {oh})"]
+        t = _task_parts(plan)
+        rows = [f"vn = T.axis.spatial({g.n}, {t['n']})", f"vg = T.axis.spatial({g.groups}, {t['g']})",
+                f"vob = T.axis.spatial({ob}, {t['ob']})", f"vy = T.axis.spatial({oh}, {t['y']})"]
         if plan.tile_local:
             rows.append(f"vc = T.axis.spatial({plan.chunks}, c)")
     else:
@@ -640,18 +662,17 @@ def _tile_store(plan: Int8Plan) -> list[str]:
     past the row's end, and channels past the group's, are not stored."""
     g, mr, nr = plan.g, plan.kern.mr, plan.kern.nr
     oh, ow = g.out_hw
-    ob = plan.op // nr
     cond, y, x = [], "vy", "vx0 + vm"
     if plan.pitch:
         # Position p of the flat run is output pixel (p // pitch, p % pitch) where that column
         # is one of the row's OW; the rest are the padding columns and the last tile's overhang.
-        p = f"{_task(plan)} % {plan.task_rows} * {mr} + m"
+        p = f"({_task_parts(plan)['y']}) * {mr} + m"
         cond += [f"({p}) % {plan.pitch} < {ow}", f"{p} < {oh * plan.pitch}"]
         y, x = f"(vy * {mr} + vm) // {plan.pitch}", f"(vy * {mr} + vm) % {plan.pitch}"
     elif plan.ow_padded != ow:
         cond.append(f"tt * {mr} + m < {ow}")
     if plan.op != g.og:
-        cond.append(f"{_task(plan)} // {plan.task_rows} % {ob} * {nr} + j < {g.og}")
+        cond.append(f"({_task_parts(plan)['ob']}) * {nr} + j < {g.og}")
     columns = [f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})", f"vm = T.axis.spatial({mr}, m)"]
     o = f"vg * {g.og} + vob * {nr} + vj"
     body = [*_tile_iters(plan, columns), *([f"T.where({' and '.join(cond)})"] if cond else []),
@@ -1217,7 +1238,8 @@ def flat_geometry(g: Geometry, data_layout: str, isa: Isa) -> Geometry:
     if not (data_layout == "NHWC" and isa.arch == "x86" and g.kh == g.kw == 1 and g.stride == (1, 1)
             and not any(g.pad) and g.h > 1 and not is_depthwise(g)):
         return g
-    return dataclasses.replace(g, h=1, w=g.h * g.w)
+    row = flat_row(g.h * g.w)
+    return dataclasses.replace(g, h=g.h * g.w // row, w=row)
 
 
 def space_to_depth(g: Geometry, data_layout: str, isa: Isa, zw8: int) -> Geometry | None:
@@ -1256,4 +1278,19 @@ def subsampled(g: Geometry, data_layout: str, isa: Isa) -> Geometry | None:
             and not any(g.pad) and not is_depthwise(g)):
         return None
     oh, ow = g.out_hw
-    return dataclasses.replace(g, h=1, w=oh * ow, stride=(1, 1), dilation=(1, 1))
+    row = flat_row(oh * ow)
+    return dataclasses.replace(g, h=oh * ow // row, w=row, stride=(1, 1), dilation=(1, 1))
+
+
+FLAT_ROW_MAX = 256  # pixels per row of a flattened layer (flat_row)
+
+
+def flat_row(pixels: int) -> int:
+    """Pixels per row when `pixels` consecutive ones are tiled as rows (flat_geometry,
+    subsampled): all of them up to FLAT_ROW_MAX, else the longest row up to that which divides
+    them and takes whole 16- or 28-pixel tiles (56 x 56: 14 rows of 224). Rows rather than one
+    long row give the threads rows of their own (Int8Plan.rows_outer)."""
+    if pixels <= FLAT_ROW_MAX:
+        return pixels
+    rows = [d for d in range(16, FLAT_ROW_MAX + 1) if pixels % d == 0 and (d % 16 == 0 or d % 28 == 0)]
+    return max(rows) if rows else pixels

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import schedules
 from microkernels import X86_INT_ISAS
-from schedules.conv.int8 import MAX_FLOAT_TAPS, MAX_K_VNNI
+from schedules.conv.int8 import MAX_FLOAT_TAPS, MAX_K_VNNI, flat_row
 
 from ... import conv_reference
 from ...testers.int_gemm import requantize
@@ -319,6 +319,33 @@ def test_strided_1x1_layer_runs_on_its_subsampled_pixels(target, stride, groups,
     np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), want)
     padded = schedules.conv2d((n, h, w, c), wt.shape, padding=1, data_layout="NHWC", **q)
     assert padded.plan.form is None
+
+
+def test_flat_row_splits_long_runs_into_whole_tiles():
+    assert [flat_row(p) for p in (35, 256, 3136, 784, 480, 257)] == [35, 256, 224, 196, 240, 257]
+
+
+@pytest.mark.parametrize("target", ["x86-avx512vnni", "x86-avx2"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_long_flat_layers_run_as_rows_each_thread_owns(target, stride):
+    """A channels-last 1x1 layer of more than FLAT_ROW_MAX pixels is flattened into rows of
+    flat_row's length, and where its weights are the smaller operand a thread's tasks walk the
+    output blocks of its own rows (Int8Plan.rows_outer): on two threads, with the store's partial
+    output block and a fused residual, the same values as NCHW's."""
+    run = _run_args(target)
+    rng = np.random.default_rng(11)
+    n, c, o, h, w = 2, 16, 40, 20 * stride, 24 * stride
+    x, wt = _values(rng, "uint8", (n, c, h, w)), _values(rng, "int8", (o, c, 1, 1))
+    q = dict(stride=stride, dtype="uint8", target=target, input_zero_point=77, output_dtype="uint8", input_scale=0.05,
+             weight_scale=0.01, output_scale=0.1, output_zero_point=5, bias=True, residual=True, residual_scale=0.07,
+             residual_zero_point=30, sum_scale=0.12, sum_zero_point=9, threads=2, **run)
+    ref = schedules.conv2d(x.shape, wt.shape, **q)
+    bias = rng.integers(-500, 500, o).astype(np.int32)
+    r = _values(rng, "uint8", (n, o, 20, 24))
+    op = schedules.conv2d((n, h, w, c), wt.shape, data_layout="NHWC", **q)
+    assert op.plan.g.h == 2 and op.plan.g.w == 240 and op.plan.rows_outer
+    got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt, bias, residual=np.ascontiguousarray(r.transpose(0, 2, 3, 1)))
+    np.testing.assert_array_equal(got.transpose(0, 3, 1, 2), ref(x, wt, bias, residual=r))
 
 
 @pytest.mark.parametrize("dtype, weight_dtype", [("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8")])

@@ -110,10 +110,25 @@ def test_every_conv_runs_ours_in_int8(qdq):
     assert _ops(out, "relax.permute_dims") == 2
 
 
+def _host_has_vnni():
+    from microkernels import X86_INT_ISAS
+
+    return any(X86_INT_ISAS[name].host_supports() for name in ("avx512vnni", "avxvnni"))
+
+
 def test_output_within_one_quantization_step_of_onnx_runtime(qdq):
+    """Against ONNX Runtime running the graph as written (optimizations off: DequantizeLinear,
+    float Conv, QuantizeLinear, the model's own definition), on every host; and against its
+    optimized int8 session where that one is exact, a VNNI host. On an AVX2-only host ORT's u8s8
+    kernel (vpmaddubsw) saturates its 16-bit pair sums and lands steps away from its own
+    reference graph (3 steps on this net on a Zen 3): there the test checks that ours is no
+    further from the reference than ORT's int8 session is."""
     mod, path, shape = qdq
     vm = relax.VirtualMachine(schedules.relax.build(mod), tvm.cpu())
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    reference = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     model = onnx.load(path)
     # The output's scale: the last DequantizeLinear's.
     last = [n for n in model.graph.node if n.op_type == "DequantizeLinear"][-1]
@@ -123,5 +138,9 @@ def test_output_within_one_quantization_step_of_onnx_runtime(qdq):
         x = rng.standard_normal(shape).astype(np.float32)
         got = vm["main"](tvm.runtime.tensor(x))
         got = (got if hasattr(got, "numpy") else got[0]).numpy()
-        want = session.run(None, {"x": x})[0]
+        want, fast = reference.run(None, {"x": x})[0], session.run(None, {"x": x})[0]
         assert np.abs(got - want).max() <= scale * 1.0001, np.abs(got - want).max() / scale
+        if _host_has_vnni():
+            assert np.abs(got - fast).max() <= scale * 1.0001, np.abs(got - fast).max() / scale
+        else:
+            assert np.abs(got - want).max() <= np.abs(fast - want).max()

@@ -78,7 +78,10 @@ def test_bench_conv2d_int8_against_the_peers_on_a_qdq_layer(clone):
     assert re.search(r"mk_(u8s8_gemm_\d+x\d+_avx|s16_gemm_\d+x\d+_avx|u8s8_brgemm_\d+x\d+_amxint8)", row), row
     assert "weighted total: int8" in out and "(NHWC data and output)" in out, out
     if "ORT" in out.split("weighted total")[1]:
-        assert int(row.split()[-1]) <= 1, f"ours differs from a peer by more than one quantization step: {row}"
+        # max diff: ours against the QDQ graph as ONNX defines it (ORT, optimizations off); the
+        # last column, the peers' own (they saturate on hosts without VNNI), is not ours to test
+        assert int(row.split()[-2]) <= 1, f"ours differs from the QDQ graph by more than one quantization step: {row}"
+        assert re.fullmatch(r"\d+/\d+", row.split()[-1]), row
 
 
 def test_bench_gemm_exhaustive_times_every_tile(clone):

@@ -1230,11 +1230,12 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
 
 
 def flat_geometry(g: Geometry, data_layout: str, isa: Isa) -> Geometry:
-    """A channels-last 1x1, stride-1, unpadded x86 layer as the same conv on one row of H*W pixels:
-    the pixels are consecutive in memory either way, and one long row takes whole tiles where a
-    14- or 7-pixel one pads them or takes short ones (an AMX tile of 7 rows runs at a third of its
-    peak). The op keeps the user's shapes (Int8Conv2dOp.data_shape); the module reads and writes
-    the same memory as (N, 1, H*W, C). Other layers come back as they are."""
+    """A channels-last 1x1, stride-1, unpadded x86 layer as the same conv on long rows: its H*W
+    pixels, consecutive in memory either way, in rows of flat_row's length (one row up to 256),
+    which take whole tiles where a 14- or 7-pixel row pads them or takes short ones (an AMX tile
+    of 7 rows runs at a third of its peak). The op keeps the user's shapes
+    (Int8Conv2dOp.data_shape); the module reads and writes the same memory as
+    (N, H*W / row, row, C). Other layers come back as they are."""
     if not (data_layout == "NHWC" and isa.arch == "x86" and g.kh == g.kw == 1 and g.stride == (1, 1)
             and not any(g.pad) and g.h > 1 and not is_depthwise(g)):
         return g
@@ -1271,9 +1272,10 @@ def space_to_depth_weights(weight: np.ndarray) -> np.ndarray:
 
 def subsampled(g: Geometry, data_layout: str, isa: Isa) -> Geometry | None:
     """A channels-last 1x1 strided unpadded x86 layer as the 1x1 stride-1 layer on its strided
-    pixels, packed into one row of OH * OW (flat_geometry's long tiles, where a 7- or 14-pixel
-    output row gave 7-row AMX tiles: ResNet's downsampling layers); None for the rest. The
-    module's output is that row, the user's (N, OH, OW, O) as it lies in memory."""
+    pixels, the OH * OW of them packed into rows of flat_row's length (flat_geometry's long
+    tiles, where a 7- or 14-pixel output row gave 7-row AMX tiles: ResNet's downsampling
+    layers); None for the rest. The module's output is those rows, the user's (N, OH, OW, O) as
+    it lies in memory."""
     if not (data_layout == "NHWC" and isa.arch == "x86" and g.kh == g.kw == 1 and g.stride != (1, 1)
             and not any(g.pad) and not is_depthwise(g)):
         return None

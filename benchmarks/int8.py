@@ -272,36 +272,41 @@ def run_network(name: str, thread_counts, repeat: int, log, target: str = "nativ
                 f"OV {1e3 * secs['OV']:.2f} ms; ours/best peer {secs['ours'] / best:.2f}")
             out["rows"].append({"threads": threads, "seconds": secs})
         found = _agreement(vm, path, shape, samples)
-        for k, text in (("ORT", "ORT"), ("reference", "ORT's reference graph (optimizations off)")):
-            log(f"  outputs on {samples} random images: top-1 agreement with {text} {found[k]['agree']}/{samples}, "
-                f"largest |ours - {k}| {found[k]['diff']:.4f} (logits)")
-        out.update({"top1_agreement": found["ORT"]["agree"], "samples": samples, "max_abs_diff": found["ORT"]["diff"],
-                    "reference": found["reference"], "report": report})
+        log(f"  outputs on {samples} random images (top-1 agreement, largest logit difference); reference: the "
+            "QDQ graph as written, run by ORT with its optimizations off:")
+        log("    " + "; ".join(f"{a} vs {b} {v['agree']}/{samples}, {v['diff']:.4f}" for (a, b), v in found.items()))
+        out.update({"top1_agreement": found["ours", "ORT"]["agree"], "samples": samples,
+                    "max_abs_diff": found["ours", "ORT"]["diff"],
+                    "agreement": {f"{a} vs {b}": v for (a, b), v in found.items()}, "report": report})
     finally:
         tmp.cleanup()
     return out
 
 
 def _agreement(vm, path: str, shape: tuple, samples: int) -> dict:
-    """Top-1 agreement and largest logit difference of ours against ONNX Runtime's int8 session
-    ("ORT") and against ORT running the graph as written, optimizations off ("reference":
-    DequantizeLinear, float Conv, QuantizeLinear). They differ where ORT's int8 kernel is not
-    exact: its AVX2 u8s8 kernel (vpmaddubsw, no VNNI) saturates 16-bit pair sums."""
+    """Top-1 agreement and largest logit difference on `samples` random images: ours against
+    ONNX Runtime's int8 session ("ORT") and against ORT running the graph as written,
+    optimizations off ("reference": DequantizeLinear, float Conv, QuantizeLinear); and each
+    peer's int8 session against that reference ("ORT vs reference", "OV vs reference"). They
+    differ where a peer's int8 kernel is not exact: without VNNI, ORT's and oneDNN's u8s8
+    (vpmaddubsw) saturates 16-bit pair sums."""
     import onnxruntime as ort
     import tvm
 
     plain = ort.SessionOptions()
     plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sessions = {"ORT": ort.InferenceSession(path, providers=["CPUExecutionProvider"]),
-                "reference": ort.InferenceSession(path, plain, providers=["CPUExecutionProvider"])}
+    reference = ort.InferenceSession(path, plain, providers=["CPUExecutionProvider"])
+    x = np.zeros(shape, np.float32)  # the peers' engines read this array at each run
+    engines = {"ORT": peers.onnx_runtime(path, x, 1).run, "OV": peers.openvino(path, x, 1).run}
     rng = np.random.default_rng(2)
-    found = {k: {"agree": 0, "diff": 0.0} for k in sessions}
+    pairs = [("ours", "ORT"), ("ours", "reference"), ("ORT", "reference"), ("OV", "reference")]
+    found = {p: {"agree": 0, "diff": 0.0} for p in pairs}
     for _ in range(samples):
-        x = rng.standard_normal(shape).astype(np.float32)
+        x[...] = rng.standard_normal(shape)
         got = vm["main"](tvm.runtime.tensor(x))
-        got = (got if hasattr(got, "numpy") else got[0]).numpy()
-        for k, session in sessions.items():
-            want = session.run(None, {"x": x})[0]
-            found[k]["agree"] += int(got.argmax() == want.argmax())
-            found[k]["diff"] = max(found[k]["diff"], float(np.abs(got - want).max()))
+        outs = {"ours": (got if hasattr(got, "numpy") else got[0]).numpy(),
+                "reference": reference.run(None, {"x": x})[0], **{k: run() for k, run in engines.items()}}
+        for a, b in pairs:
+            found[a, b]["agree"] += int(outs[a].argmax() == outs[b].argmax())
+            found[a, b]["diff"] = max(found[a, b]["diff"], float(np.abs(outs[a] - outs[b]).max()))
     return found

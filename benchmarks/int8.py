@@ -124,7 +124,9 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native", layout:
                     got = got.transpose(0, 3, 1, 2)
                 diff, peer_diff = None, {}
                 if engines:
-                    want = _reference(path, q["x"])
+                    # the QDQ graph as written (ONNX Runtime, no fusions): the model's own definition, which
+                    # the fused int8 kernels may miss (without VNNI, vpmaddubsw saturates 16-bit pair sums)
+                    want = peers.onnx_runtime(path, q["x"], 1, optimize=False).run().astype(np.int32)
                     diff = int(np.abs(got - want).max())
                     peer_diff = {k: int(np.abs(e.run().astype(np.int32) - want).max()) for k, e in engines.items()}
                 best = min((secs[n] for n in engines), default=None)
@@ -207,18 +209,6 @@ def qdq_network(name: str, path: str, calibration: int = 8, seed: int = 0) -> tu
     return path, shape
 
 
-def _reference(path: str, x: np.ndarray) -> np.ndarray:
-    """The QDQ model's output as its graph defines it: ONNX Runtime with its optimizations off
-    runs DequantizeLinear, a float32 Conv and QuantizeLinear, no int8 kernel (the int8 kernels
-    can differ from it: without VNNI, ORT's and oneDNN's vpmaddubsw saturates 16-bit pair sums)."""
-    import onnxruntime as ort
-
-    plain = ort.SessionOptions()
-    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(path, plain, providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: x})[0].astype(np.int32)
-
-
 def run_network(name: str, thread_counts, repeat: int, log, target: str = "native", samples: int = 100) -> dict:
     """Ours (the QDQ model through tvm.relax.frontend.onnx and schedules.relax.build) against ONNX
     Runtime and OpenVINO on the same QDQ model: latency per thread count, engines taking turns,
@@ -290,22 +280,18 @@ def _agreement(vm, path: str, shape: tuple, samples: int) -> dict:
     peer's int8 session against that reference ("ORT vs reference", "OV vs reference"). They
     differ where a peer's int8 kernel is not exact: without VNNI, ORT's and oneDNN's u8s8
     (vpmaddubsw) saturates 16-bit pair sums."""
-    import onnxruntime as ort
     import tvm
 
-    plain = ort.SessionOptions()
-    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    reference = ort.InferenceSession(path, plain, providers=["CPUExecutionProvider"])
-    x = np.zeros(shape, np.float32)  # the peers' engines read this array at each run
-    engines = {"ORT": peers.onnx_runtime(path, x, 1).run, "OV": peers.openvino(path, x, 1).run}
+    x = np.zeros(shape, np.float32)  # the engines read this array at each run
+    engines = {"ORT": peers.onnx_runtime(path, x, 1).run, "OV": peers.openvino(path, x, 1).run,
+               "reference": peers.onnx_runtime(path, x, 1, optimize=False).run}
     rng = np.random.default_rng(2)
     pairs = [("ours", "ORT"), ("ours", "reference"), ("ORT", "reference"), ("OV", "reference")]
     found = {p: {"agree": 0, "diff": 0.0} for p in pairs}
     for _ in range(samples):
         x[...] = rng.standard_normal(shape)
         got = vm["main"](tvm.runtime.tensor(x))
-        outs = {"ours": (got if hasattr(got, "numpy") else got[0]).numpy(),
-                "reference": reference.run(None, {"x": x})[0], **{k: run() for k, run in engines.items()}}
+        outs = {"ours": (got if hasattr(got, "numpy") else got[0]).numpy(), **{k: run() for k, run in engines.items()}}
         for a, b in pairs:
             found[a, b]["agree"] += int(outs[a].argmax() == outs[b].argmax())
             found[a, b]["diff"] = max(found[a, b]["diff"], float(np.abs(outs[a] - outs[b]).max()))

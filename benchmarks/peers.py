@@ -58,11 +58,15 @@ def pytorch(model, x: np.ndarray, threads: int) -> Engine:
     return Engine("PyTorch", torch.__version__, "float32", run)
 
 
-def onnx_runtime(path: str, x: np.ndarray, threads: int) -> Engine:
+def onnx_runtime(path: str, x: np.ndarray, threads: int, optimize: bool = True) -> Engine:
+    """optimize=False: the graph run as written, no fusions (for a QDQ model: DequantizeLinear, a
+    float32 op, QuantizeLinear, the model's own definition, where the fused int8 kernels may
+    differ from it)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])

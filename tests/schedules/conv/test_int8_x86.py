@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import schedules
 from microkernels import X86_INT_ISAS
-from schedules.conv.int8 import MAX_FLOAT_TAPS, MAX_K_VNNI, flat_row
+from schedules.conv import ConvParams, Geometry
+from schedules.conv.int8 import MAX_FLOAT_TAPS, MAX_K_VNNI, flat_row, x86_tile
 
 from ... import conv_reference
 from ...testers.int_gemm import requantize
@@ -209,10 +210,6 @@ def test_tile_shape_counts_rows_of_b_twice(hw, k, want):
     16-register ISAs take 4- or 5-row tiles of 16 channels over 2 x 32 (four rows of B per two
     pixels, L2-bound: measured 1.6x slower on a 3x3 layer), shaped to the row; the 32-register
     ones keep their multiply-bound 14 x 32 and 7 x 32."""
-    from microkernels import X86_INT_ISAS
-    from schedules.conv import ConvParams, Geometry
-    from schedules.conv.int8 import x86_tile
-
     g = Geometry.of(ConvParams((1, 256, hw, hw), (256, 256, k, k), 1, k // 2, 1, 1), block=16)
     assert {name: x86_tile(X86_INT_ISAS[name], g) for name in want} == want
 

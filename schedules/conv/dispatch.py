@@ -79,7 +79,10 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     dtype "int16" takes data the legalize pass already widened).
     algorithm (float32, x86): "auto" (Winograd where it applies and measured faster, else
     direct; op.plan says which and why), "direct", or "winograd" with tile = 2, 4 or 6
-    (F(tile x tile, 3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only).
+    (F(tile x tile, 3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only). Quantized
+    (x86, data_layout="NHWC"): "auto" runs 3x3 stride-1 layers on the int16 upcast (hosts
+    without VNNI) as exact integer Winograd F(2x2, 3x3), "direct" never, "winograd" or an error
+    saying why it does not apply (conv.int8.winograd).
     autotune (x86 float32, algorithm "auto"): time the layer's candidate plans on this host
     first (a few seconds, once per layer and thread count: the result is kept, see
     common/tuned.py) and run the fastest; op.plan["source"] then names the measurements.
@@ -180,14 +183,15 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
         return int8.schedule(g, isa, quant)
     if quant is not None:
         if quant.dtype in ("int8", "uint8", "int16"):
-            if algorithm == "winograd":
-                raise ValueError("algorithm='winograd' is float32 only; quantized layers run the integer tiles")
+            if tile is not None:
+                raise ValueError(f"tile={tile!r} chooses the float32 Winograd tile; the quantized Winograd is "
+                                 "F(2x2, 3x3) only")
             iisa = int_isa(target, isa)
             if emulate and iisa.name == "avxvnni":
                 raise ValueError("emulate=True: the Bochs CPU has no AVX-VNNI; use target 'x86-avx512vnni' "
                                  "(the same instruction on AVX-512) or run natively")
             g = Geometry.of(conv, block=int8.conv_kernel(iisa).nr)
-            return int8.schedule(g, iisa, quant, post_ops, threads, emulate)
+            return int8.schedule(g, iisa, quant, post_ops, threads, emulate, algorithm)
         if quant.dtype != "float32":
             raise ValueError(f"dtype {quant.dtype!r} is not supported on x86 targets; use 'float32', or "
                              "'uint8' / 'int8' for the quantized conv2d")

@@ -30,6 +30,14 @@ B goes in pairs of k. On x86 the int32 accumulators then leave through the unpac
 output is requantized (Quantization: round half to even, + zero point, saturate; or dequantized
 to float32) on its way back to NCHW, and the tiles, the pack and the unpack run on all threads.
 
+On the int16 upcast (x86 without VNNI), channels-last 3x3 stride-1 layers run as Winograd
+F(2x2, 3x3) in integers (`winograd`): B^T (x - zp_x) B of each 4x4 input tile and
+(2G) (w - zp_w) (2G)^T, G doubled so it has no halves, are integers that fit int16, so the 16
+GEMMs of the transformed values run on the same vpmaddwd tile (as one 1x1 layer of 16 groups),
+and the output transform A^T M A, 4x the conv, is divided by 4 exactly. 2.25x fewer products
+than the direct conv, exact while the channels stay within winograd_max_channels. (vpdpbusd
+multiplies 8-bit values, which the transformed ones are not: the VNNI ISAs stay direct.)
+
 ARM code is compiled here and, since this host is x86, run under qemu-user (`emulate`); x86
 code runs natively, or on the Bochs CPU with emulate=True.
 """
@@ -76,7 +84,14 @@ ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
 DEPTHWISE_LANES = 8  # int16 channels per q register (ARM); x86: Int8Plan.lanes
 MAX_CHUNKS = 64  # parallel chunks of a tile-local layer (Int8Plan.chunks)
 MAX_FLOAT_TAPS = 2**24 // MAX_PRODUCT  # 258: float32 sums of integer products exact (Int8Plan.float_taps)
-SPACE_TO_DEPTH, SUBSAMPLED = "space-to-depth", "subsampled"  # Int8Plan.form
+SPACE_TO_DEPTH, SUBSAMPLED, WINOGRAD = "space-to-depth", "subsampled", "winograd"  # Int8Plan.form
+# Winograd F(2x2, 3x3) in integers (winograd): B^T d B sums four data values and (2G) w (2G)^T
+# nine weights, so both fit int16; every partial sum of the 16 GEMMs and of the output
+# transform, evaluated as written, is at most WINOGRAD_GROWTH * C * max|x - zp_x| * max|w - zp_w|
+# in magnitude (the GEMM's 36 per channel: |B^T d B| <= 4 max|d|, |(2G) w (2G)^T| <= 9 max|w|;
+# the output transform's first stage at most the sum of three such, 4 * 3 * (2 + 3 + 3) = 96).
+WINOGRAD_GROWTH = 96
+WINOGRAD_MIN_CHANNELS = 16  # below, the transforms cost more than the 2.25x fewer products save
 
 
 def zero_point(name: str, zp, dtype: str) -> int:
@@ -138,7 +153,8 @@ class Int8Plan:
         requantized right after each tile's reduction (`_tile_store`), instead of in an int32
         copy of the whole output: channels-last x86 GEMM layers without window sums (weights'
         zero point 0, as quantizers write them)."""
-        return self.nhwc and self.parallel and not self.depthwise and not (self.dot and self.windows)
+        return (self.nhwc and self.parallel and not self.depthwise and not (self.dot and self.windows)
+                and self.form != WINOGRAD)
 
     @property
     def pitch(self) -> int:
@@ -195,7 +211,12 @@ class Int8Plan:
             return f"depthwise: channels in vector lanes, int16 taps ({kern.isa.name}), no GEMM tile"
         form = {SPACE_TO_DEPTH: f"; stride 2 as space-to-depth: a {self.g.kh}x{self.g.kw} stride-1 conv on "
                                 f"{self.g.c} channels (2 x 2 pixels of {self.source.c})" if self.source else "",
-                SUBSAMPLED: "; the strided pixels packed into one row of a 1x1 stride-1 layer", None: ""}[self.form]
+                SUBSAMPLED: "; the strided pixels packed into one row of a 1x1 stride-1 layer",
+                WINOGRAD: f"; Winograd F(2x2, 3x3) in integers: the data's 4x4 tiles and the weights "
+                          f"transformed exactly into int16, 16 GEMMs of {self.g.h * self.g.w} tiles x "
+                          f"{self.g.cg} -> {self.g.og} channels, the output transform in int32 and / 4 exact "
+                          f"(2.25x fewer products than the direct conv)" if self.source else "",
+                None: ""}[self.form]
         if isinstance(kern, AmxGemmKernel):
             return (f"{kern.name}: AMX tdpbusd, {kern.a_tiles} x {kern.b_tiles} tiles of {kern.rows} pixels x 16 "
                     f"channels, uint8 x int8 as they are, zero points through the expansion, channels padded "
@@ -276,8 +297,14 @@ class Int8Plan:
         return (g.n, g.h, g.w, g.c) if self.nhwc else (g.n, g.c, g.h, g.w)
 
     @property
+    def layer(self):
+        """The Geometry whose output channels and pixels the module writes: the layer as given
+        for Winograd (whose `g` is its 16 GEMMs), else `g`."""
+        return self.source if self.form == WINOGRAD else self.g
+
+    @property
     def out_shape(self) -> tuple:
-        g = self.g
+        g = self.layer
         return (g.n, *g.out_hw, g.o) if self.nhwc else (g.n, g.o, *g.out_hw)
 
     @property
@@ -343,7 +370,7 @@ class Int8Plan:
 
     @property
     def bias_shape(self) -> tuple:
-        return (self.g.groups, self.g.og)
+        return (self.layer.groups, self.layer.og)
 
 
 def data_shift(plan: Int8Plan, dtype: str) -> int:
@@ -366,6 +393,8 @@ def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) 
     (zp_x8: the data's zero point as the tile sees it, after data_shift)."""
     if plan.form == SPACE_TO_DEPTH:
         weight = space_to_depth_weights(weight)
+    if plan.form == WINOGRAD:
+        return (_pack_gemm_weights(plan, winograd_weights(weight, zp_w), np.int16),)
     g = plan.g
     if plan.dot:
         shift = weight_shift(str(weight.dtype))
@@ -410,16 +439,18 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
     requant = plan.output_dtype != "int32"
     L = header([buffer("D", plan.data_shape, dtype), buffer("Wv", plan.weight_shape, plan.weight_dtype),
                 *([buffer("Bias", plan.bias_shape, "int32")] if plan.bias else []),
-                *([buffer("M", (plan.g.o,), "float32")] if requant else []),
+                *([buffer("M", (plan.layer.o,), "float32")] if requant else []),
                 *([buffer("R", plan.out_shape, plan.output_dtype)] if plan.residual else []),
                 buffer("Out", plan.out_shape, plan.output_dtype)])
     if plan.in_place(dtype):  # the data is the packed input already: a view, no pack
         packed = f"    P = T.decl_buffer({plan.packed_shape}, '{plan.packed_dtype}', data=D.data)"
-    elif plan.form == SPACE_TO_DEPTH:
-        # The padded source (S, _render_space_to_depth_pack) shares P's allocation: allocated on
-        # its own it dies before the tiles run, and TVM's storage rewrite then lends its memory
-        # to the int32 accumulators, which the tiles' access pointers refuse.
-        p_elems, s_shape = int(np.prod(plan.packed_shape)), space_to_depth_source_shape(plan)
+    elif plan.form in (SPACE_TO_DEPTH, WINOGRAD):
+        # The padded source (S, _render_space_to_depth_pack, _render_winograd_pack) shares P's
+        # allocation: allocated on its own it dies before the tiles run, and TVM's storage
+        # rewrite then lends its memory to the int32 accumulators, which the tiles' access
+        # pointers refuse.
+        p_elems = int(np.prod(plan.packed_shape))
+        s_shape = space_to_depth_source_shape(plan) if plan.form == SPACE_TO_DEPTH else winograd_source_shape(plan)
         dt = plan.packed_dtype
         packed = "\n".join([f"    PS = T.alloc_buffer(({p_elems + int(np.prod(s_shape))},), '{dt}')",
                              f"    P = T.decl_buffer({plan.packed_shape}, '{dt}', data=PS.data)",
@@ -435,6 +466,8 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         return _render_space_to_depth_pack(plan, dtype, zp)
     if plan.form == SUBSAMPLED:
         return _render_subsampled_pack(plan, dtype, zp)
+    if plan.form == WINOGRAD:
+        return _render_winograd_pack(plan, dtype, zp)
     g = plan.g
     top, left = g.pad[0], g.pad[1]
     conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
@@ -506,6 +539,88 @@ def space_to_depth_source_shape(plan: Int8Plan) -> tuple:
     """The padded source of a space-to-depth pack: every pixel the packed one's 2 x 2 blocks read."""
     n, _, hs, ws, _ = plan.packed_shape
     return (n, 2 * hs, 2 * ws, plan.source.c)
+
+
+# Winograd F(2x2, 3x3): B^T (rows of a 4x4 input tile) and A^T (the output's 2 rows), as the
+# index and sign of each row's two or three terms; G scaled by 2 (winograd_weights) keeps the
+# weights' transform integral, and the output transform's result is 4x the conv.
+WINO_BT = ((0, 1, 2, -1), (1, 1, 2, 1), (2, 1, 1, -1), (1, 1, 3, -1))  # (p, +1, q, sign): d[p] + sign * d[q]
+WINO_G2 = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]], np.int64)
+
+
+def winograd_source_shape(plan: Int8Plan) -> tuple:
+    """The padded source of a Winograd pack (x - zp_x as int16): every pixel the 4x4 input tiles
+    read, tiles 2 pixels apart, the padding and what the last tiles read past it 0."""
+    src, (th, tw) = plan.source, winograd_tiles(plan.source)
+    return (src.n, 2 * th + 2, 2 * tw + 2, src.c)
+
+
+def winograd_tiles(g: Geometry) -> tuple[int, int]:
+    """Rows and columns of 2x2 output tiles covering the layer's output."""
+    oh, ow = g.out_hw
+    return -(-oh // 2), -(-ow // 2)
+
+
+def _wino_combine(terms, index: str) -> str:
+    """TVMScript choosing, by the value of `index` (0-3, an unrolled loop's), the row of B^T that
+    combines the four `terms`: after unrolling each tile's choice folds to one add or subtract."""
+    rows = [f"({terms[p]} {'+' if sign > 0 else '-'} {terms[q]})" for p, _, q, sign in WINO_BT]
+    return f"T.Select({index} == 0, {rows[0]}, T.Select({index} == 1, {rows[1]}, T.Select({index} == 2, {rows[2]}, {rows[3]})))"
+
+
+def _render_winograd_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    """The pack of a Winograd plan, in two passes: the source padded and widened (S: x - zp_x as
+    int16, 0 around it), then each 4x4 tile's B^T d B (16 values per channel, one per GEMM,
+    channels innermost) into packed pixel t = tile row * tiles per row + tile column of GEMM
+    vg = 4a + b; tiles past the last and padded channels hold 0."""
+    src, (_, tw) = plan.source, winograd_tiles(plan.source)
+    top, left = src.pad[0], src.pad[1]
+    inside = f"{top} <= vy and vy < {top + src.h} and {left} <= vx and vx < {left + src.w}"
+    value = f"T.Cast('int16', D[vn, vy - {top}, vx - {left}, vc])" + (f" - T.int16({zp})" if zp else "")
+    L = padded_pack(4, "S", list(zip("nyxc", winograd_source_shape(plan))), inside, value, "T.int16(0)")
+    L[1] = L[1].replace("'pack'", "'pad'")
+    t = f"(vy * {plan.g.w} + vx)"
+    y0, x0 = f"{t} // {tw} * 2", f"{t} % {tw} * 2"
+    cols = [_wino_combine([f"S[vn, {y0} + {r}, {x0} + {c}, vc]" for c in range(4)], "vg % 4") for r in range(4)]
+    conds = [f"vx < {plan.g.w}"] + ([f"vc < {src.c}"] if plan.cp != src.c else [])
+    return L + padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), " and ".join(conds),
+                           _wino_combine(cols, "vg // 4"), "T.int16(0)")
+
+
+def _render_winograd_unpack(plan: Int8Plan) -> list[str]:
+    """The output transform: each 2x2 output tile A^T M A from the 16 GEMMs' int32 sums M of its
+    tile, / 4 (exact: the sum is 4x the conv), then the output as `_output` makes it; the tile's
+    pixels past the output's edge are not stored."""
+    src, g, nr = plan.source, plan.g, plan.kern.nr
+    (th, tw), (oh, ow) = winograd_tiles(src), src.out_hw
+    t = f"(vty * {tw} + vtx)"
+
+    def m(a: int, b: int) -> str:
+        return f"Acc[vn, {4 * a + b}, vo // {nr}, {t} // {g.w}, {t} % {g.w}, vo % {nr}]"
+
+    def at(terms, index):  # A^T's rows: d0 + d1 + d2, d1 - d2 - d3
+        return f"T.Select({index} == 0, {terms[0]} + {terms[1]} + {terms[2]}, {terms[1]} - {terms[2]} - {terms[3]})"
+
+    y = at([f"({at([m(a, b) for b in range(4)], 'vj')})" for a in range(4)], "vi")
+    yy, xx = "vty * 2 + vi", "vtx * 2 + vj"
+    # the predicate is in the loop variables, as TIR takes it
+    cond = [c for c, edge in ((f"ty * 2 + i < {oh}", oh % 2), (f"tx * 2 + j < {ow}", ow % 2)) if edge]
+    layer = dataclasses.replace(plan, g=src, source=None, form=None)
+    idx = f"vn, {yy}, {xx}, vo"
+    return [f"    for n, ty, tx, i, j, o in T.grid({src.n}, {th}, {tw}, 2, 2, {src.o}):",
+            "        with T.sblock('unpack'):",
+            "            vn, vty, vtx, vi, vj, vo = T.axis.remap('SSSSSS', [n, ty, tx, i, j, o])",
+            *([f"            T.where({' and '.join(cond)})"] if cond else []),
+            f"            Out[{idx}] = {_output(layer, f'T.shift_right({y}, T.int32(2))', 'vo', idx)}"]
+
+
+def winograd_weights(weight: np.ndarray, zp_w: int) -> np.ndarray:
+    """OIHW 3x3 weights -> the 16 GEMMs' weights as one grouped 1x1 layer's, (16 * O, C, 1, 1)
+    int16: GEMM 4a + b holds ((2G) (w - zp_w) (2G)^T)[a, b], 4x the textbook transform, exact."""
+    w = weight.astype(np.int64) - zp_w
+    u = np.einsum("ar,ocrs,bs->abco", WINO_G2, w, WINO_G2)  # (4, 4, C, O)
+    o, c = weight.shape[:2]
+    return np.ascontiguousarray(u.transpose(0, 1, 3, 2).reshape(16 * o, c, 1, 1)).astype(np.int16)
 
 
 def _task(plan: Int8Plan) -> str:
@@ -626,6 +741,8 @@ def _render_gemm(plan: Int8Plan, dtype: str, zp: int, tile_blocks, zw8: int = 0)
     else:
         L.append(f"    for n, g, o, y, tt in T.grid({g.n}, {g.groups}, {ob}, {oh}, {owp // mr}):")
         L += tile_blocks(plan, tile)
+    if plan.form == WINOGRAD:
+        return L + _render_winograd_unpack(plan), tile
     out = f"Acc[vn, vo // {g.og}, vo % {g.og} // {nr}, vy, vx, vo % {g.og} % {nr}]"
     if plan.dot and plan.windows:
         # sum x over each output pixel's window, for the -zw * sum x term of the expansion
@@ -994,6 +1111,9 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
     """The pack and the unpack on all threads. The unpack transposes: it walks NR output channels
     of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
     NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
+    if plan.form == WINOGRAD:
+        _parallel_winograd(sch, plan)
+        return
     if plan.form == SPACE_TO_DEPTH:  # the padding pass by rows; the pack's channels unrolled,
         # as each comes from a fixed place (a gather across vector lanes costs more than the bytes)
         pad = sch.get_loops(sch.get_sblock("pad"))
@@ -1026,6 +1146,27 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
     sch.reorder(n, oo, y, oi, x)
     sch.parallel(sch.fuse(n, oo))
     _vectorize_whole(sch, x, plan.g.out_hw[1])
+
+
+def _parallel_winograd(sch, plan: Int8Plan) -> None:
+    """Winograd's passes on all threads: the padding by rows, the input transform by tiles (the
+    16 GEMMs' values of a tile unrolled, so each one's row of B^T folds to constants, channels
+    in the lanes), the output transform by rows of tiles (a tile's 2x2 pixels unrolled, output
+    channels in the lanes)."""
+    src = plan.source
+    pad = sch.get_loops(sch.get_sblock("pad"))
+    sch.parallel(sch.fuse(*pad[:2]))
+    _vectorize_whole(sch, pad[-1], src.c)
+    n, gv, y, x, c = sch.get_loops(sch.get_sblock("pack"))
+    sch.reorder(n, y, x, gv, c)
+    sch.parallel(sch.fuse(n, y, x))
+    sch.unroll(gv)
+    _vectorize_whole(sch, c, plan.cp)
+    n, ty, _, i, j, o = sch.get_loops(sch.get_sblock("unpack"))
+    sch.parallel(sch.fuse(n, ty))
+    sch.unroll(i)
+    sch.unroll(j)
+    _vectorize_whole(sch, o, src.o)
 
 
 def _vectorize_whole(sch, loop, extent: int) -> None:
@@ -1173,20 +1314,22 @@ class Int8Conv2dOp:
 
 
 def schedule(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_POST_OPS,
-             threads: int | None = None, emulate: bool = False) -> Int8Conv2dOp:
+             threads: int | None = None, emulate: bool = False, algorithm: str = "auto") -> Int8Conv2dOp:
     """The layer compiled (what conv2d returns for a quantized layer; compiling is cheap). ARM
     ops run under qemu, x86 ones natively or, with emulate, on the Bochs CPU (quant.data_layout:
-    NCHW, or NHWC on x86)."""
-    mod, op = prepare(g, isa, quant, post_ops, threads, emulate)
+    NCHW, or NHWC on x86); algorithm as `prepare` takes it."""
+    mod, op = prepare(g, isa, quant, post_ops, threads, emulate, algorithm)
     op.lib = tvm.compile(mod, target=int_target(op.plan.kern.isa) if isa.arch == "x86" else isa.target)
     return op
 
 
 def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_POST_OPS,
-            threads: int | None = None, emulate: bool = False) -> tuple[tvm.IRModule, Int8Conv2dOp]:
+            threads: int | None = None, emulate: bool = False,
+            algorithm: str = "auto") -> tuple[tvm.IRModule, Int8Conv2dOp]:
     """The layer checked and scheduled, not compiled: (its IRModule, an op without a library,
     which packs weights and makes the arguments). `schedule` compiles it; the Relax pass adds the
-    module's function to the model instead."""
+    module's function to the model instead. algorithm: "auto" (Winograd where `winograd` takes
+    the layer, else direct), "direct", or "winograd" (refused, saying why, where it does not apply)."""
     data_layout = quant.data_layout
     if data_layout == "NHWC" and isa.arch != "x86":
         raise ValueError("data_layout='NHWC' is an x86 option of the quantized conv2d; the ARM targets take NCHW")
@@ -1227,9 +1370,14 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
     output = {"output_dtype": quant.output_dtype, "bias": post_ops.bias, "activation": post_ops.activation,
               "zp_out": quant.output_zero_point, "nhwc": data_layout == "NHWC", "residual": residual}
     zw8 = zp_w - weight_shift(weight_dtype)
+    wino = None
+    if algorithm != "direct":
+        wino, why_not = winograd(g, data_layout, isa, quant, zp_x, zp_w)
+        if algorithm == "winograd" and wino is None:
+            raise ValueError(f"algorithm='winograd' does not apply to this quantized layer: {why_not}")
     s2d, sub = space_to_depth(g, data_layout, isa, zw8), subsampled(g, data_layout, isa)
-    form = SPACE_TO_DEPTH if s2d else SUBSAMPLED if sub else None
-    mod, plan = build(s2d or sub or flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w,
+    form = WINOGRAD if wino else SPACE_TO_DEPTH if s2d else SUBSAMPLED if sub else None
+    mod, plan = build(wino or s2d or sub or flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w,
                       weight_dtype=weight_dtype, output=output, source=(g, form) if form else None)
     return mod, Int8Conv2dOp(g, isa, None, plan, quant, zp_x, zp_w, threads, emulate)
 
@@ -1246,6 +1394,44 @@ def flat_geometry(g: Geometry, data_layout: str, isa: Isa) -> Geometry:
         return g
     row = flat_row(g.h * g.w)
     return dataclasses.replace(g, h=g.h * g.w // row, w=row)
+
+
+def winograd_max_channels(quant: Quantization, zp_x: int, zp_w: int) -> int:
+    """The most input channels for which Winograd's integer sums stay exact in int32
+    (WINOGRAD_GROWTH): 685 for uint8 data of zero point 0 with int8 weights of zero point 0."""
+    lo, hi = ZERO_POINT_RANGE[quant.dtype]
+    wlo, whi = ZERO_POINT_RANGE[quant.weight_dtype]
+    d, w = max(zp_x - lo, hi - zp_x), max(zp_w - wlo, whi - zp_w)
+    return (2**31 - 1) // (WINOGRAD_GROWTH * d * w)
+
+
+def winograd(g: Geometry, data_layout: str, isa: Isa, quant: Quantization, zp_x: int,
+             zp_w: int) -> tuple[Geometry | None, str]:
+    """(the 16 GEMMs of Winograd F(2x2, 3x3) as one grouped 1x1 layer, "") for a layer that takes
+    it, or (None, why not): channels-last 3x3 stride-1 undilated single-group 8-bit layers of at
+    least WINOGRAD_MIN_CHANNELS channels each way, on the int16 upcast tile (x86 without VNNI,
+    where a product costs what a direct conv's does; vpdpbusd multiplies 8-bit values, which
+    the transformed ones are not), up to winograd_max_channels. Its pixels are the layer's 2x2
+    output tiles, in rows of flat_row's length; its 16 groups the GEMMs."""
+    if not (data_layout == "NHWC" and isa.arch == "x86"):
+        return None, "it is an x86 option of the channels-last (data_layout='NHWC') layer"
+    if quant.dtype == "int16" or quant.weight_dtype == "int16":
+        return None, "it transforms 8-bit data and weights, not the legalized int16 form"
+    kern = conv_kernel(isa, quant.dtype, False, g)
+    if not (isinstance(kern, IntGemmKernel) and kern.op == "s16"):
+        return None, f"{kern.name} multiplies 8-bit values as they are; Winograd runs on the int16 upcast tile"
+    if not (g.kh == g.kw == 3 and g.stride == (1, 1) and g.dilation == (1, 1) and g.groups == 1):
+        return None, "it takes 3x3 kernels of stride 1, without dilation, in one group"
+    if min(g.c, g.o) < WINOGRAD_MIN_CHANNELS:
+        return None, f"it needs at least {WINOGRAD_MIN_CHANNELS} input and output channels"
+    most = winograd_max_channels(quant, zp_x, zp_w)
+    if g.c > most:
+        return None, (f"{g.c} input channels exceed {most}, the most whose transformed sums stay exact in int32 "
+                      "with these zero points")
+    th, tw = (-(-v // 2) for v in g.out_hw)
+    row = flat_row(th * tw)
+    return dataclasses.replace(g, c=16 * g.c, o=16 * g.o, h=th * tw // row, w=row, kh=1, kw=1, stride=(1, 1),
+                               pad=(0, 0, 0, 0), dilation=(1, 1), groups=16), ""
 
 
 def space_to_depth(g: Geometry, data_layout: str, isa: Isa, zw8: int) -> Geometry | None:

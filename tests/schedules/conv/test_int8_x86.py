@@ -15,8 +15,15 @@ from hypothesis import strategies as st
 
 import schedules
 from microkernels import X86_INT_ISAS
-from schedules.conv import ConvParams, Geometry
-from schedules.conv.int8 import MAX_FLOAT_TAPS, MAX_K_VNNI, flat_row, x86_tile
+from schedules.conv import ConvParams, Geometry, Quantization
+from schedules.conv.int8 import (
+    MAX_FLOAT_TAPS,
+    MAX_K_VNNI,
+    WINOGRAD_MIN_CHANNELS,
+    flat_row,
+    winograd_max_channels,
+    x86_tile,
+)
 
 from ... import conv_reference
 from ...testers.int_gemm import requantize
@@ -237,7 +244,9 @@ def test_tile_shape_counts_rows_of_b_twice(hw, k, want):
           residual_scale=0.1, sum_scale=0.1, sum_zero_point=256), ValueError, r"sum_zero_point=256 is out of range"),
     (dict(residual_zero_point=3), ValueError, "apply to a fused residual add"),
     (dict(activation="clip"), ValueError, "activation 'clip' is not available on the quantized conv2d"),
-    (dict(algorithm="winograd"), ValueError, "algorithm='winograd' is float32 only"),
+    (dict(algorithm="winograd"), ValueError,
+     ("algorithm='winograd' does not apply to this quantized layer: it is an x86 option of the channels-last")),
+    (dict(algorithm="winograd", tile=4), ValueError, "the quantized Winograd is F\\(2x2, 3x3\\) only"),
 ])
 def test_refusals_name_the_constraint(kwargs, err, msg):
     with pytest.raises(err, match=msg):
@@ -386,3 +395,82 @@ def test_channels_last_depthwise_float_taps_are_exact(dtype, weight_dtype):
         assert op.plan.float_taps == float_taps
         got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w)
         assert (got == 2 * kw * 255 * 255).all() and (not float_taps or 2 * kw * 255 * 255 < 2**24)
+
+
+@pytest.mark.parametrize("target", ["x86-avx2", "x86-avx512"])
+def test_winograd_is_the_exact_conv(target):
+    """Channels-last 3x3 stride-1 layers on the int16 upcast run as Winograd F(2x2, 3x3) in
+    integers (conv.int8.winograd): int32 outputs equal the int64 reference bit for bit over odd
+    and even sizes (partial 2x2 tiles at the edges), asymmetric padding, both zero points,
+    batches and channel counts that pad to the tile; requantized with bias, ReLU and a fused
+    residual add, equal to the direct conv's output. On two threads."""
+    run = _run_args(target)
+
+    @settings(max_examples=6, deadline=None)
+    @given(st.integers(WINOGRAD_MIN_CHANNELS, 40), st.integers(WINOGRAD_MIN_CHANNELS, 40), st.integers(1, 9),
+           st.integers(1, 11), st.sampled_from([0, 1, (0, 1, 2, 0), (2, 0, 1, 1)]), st.sampled_from([1, 2]),
+           st.integers(0, 2**32 - 1))
+    def check(c, o, h, w, pad, n, seed):
+        rng = np.random.default_rng(seed)
+        zp_x, zp_w = int(rng.integers(0, 256)), int(rng.integers(-128, 128)) * int(rng.random() < 0.5)
+        x, wt = _values(rng, "uint8", (n, c, h + 2, w + 2)), _values(rng, "int8", (o, c, 3, 3))
+        op = schedules.conv2d((n, h + 2, w + 2, c), wt.shape, padding=pad, dtype="uint8", target=target,
+                              input_zero_point=zp_x, weight_zero_point=zp_w, data_layout="NHWC", threads=2, **run)
+        assert op.plan.form == "winograd" and "Winograd F(2x2, 3x3)" in op.plan.why
+        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt).transpose(0, 3, 1, 2)
+        want = conv_reference.qconv2d(x, wt, zp_x, zp_w, 1, pad, 1, 1)
+        bad = got != want
+        assert not bad.any(), f"{bad.sum()} of {got.size} differ; first {np.argwhere(bad)[0]}"
+
+    check()
+    rng = np.random.default_rng(3)
+    x, wt = _values(rng, "uint8", (2, 24, 9, 8)), _values(rng, "int8", (20, 24, 3, 3))
+    q = dict(padding=1, dtype="uint8", target=target, input_zero_point=77, output_dtype="uint8", input_scale=0.05,
+             weight_scale=0.01, output_scale=0.1, output_zero_point=5, bias=True, residual=True, activation="relu",
+             residual_scale=0.07, residual_zero_point=30, sum_scale=0.12, sum_zero_point=9, data_layout="NHWC",
+             threads=2, **run)
+    bias, r = rng.integers(-500, 500, 20).astype(np.int32), _values(rng, "uint8", (2, 9, 8, 20))
+    xt = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    ops = {alg: schedules.conv2d(xt.shape, wt.shape, algorithm=alg, **q) for alg in ("winograd", "direct")}
+    assert ops["direct"].plan.form is None
+    np.testing.assert_array_equal(ops["winograd"](xt, wt, bias, residual=r), ops["direct"](xt, wt, bias, residual=r))
+
+
+def test_winograd_exact_at_its_channel_bound():
+    """The largest products (data 255 with zero point 0; weights -128 and +127, by output channel
+    and, for the output channels past the first two, by sign pattern over the taps and the channels) over
+    as many channels as winograd_max_channels allows: every output equals the int64 reference. One
+    channel more and "auto" takes the direct conv, and algorithm="winograd" is refused."""
+    run = _run_args("x86-avx2")
+    q = Quantization("uint8", "int8", 0, 0)
+    c = winograd_max_channels(q, 0, 0)
+    assert c == (2**31 - 1) // (96 * 255 * 128)
+    rng = np.random.default_rng(9)
+    x = np.full((1, c, 4, 5), 255, np.uint8)
+    x[:, :, 1::2, ::2] = 0
+    w = np.where(rng.random((16, c, 3, 3)) < 0.5, np.int8(-128), np.int8(127))
+    w[0], w[1] = -128, 127
+    kw = dict(padding=1, dtype="uint8", target="x86-avx2", input_zero_point=0, data_layout="NHWC", **run)
+    op = schedules.conv2d((1, 4, 5, c), w.shape, **kw)
+    assert op.plan.form == "winograd"
+    got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w).transpose(0, 3, 1, 2)
+    want = conv_reference.qconv2d(x, w, 0, 0, 1, 1, 1, 1)
+    assert abs(want).max() > 2**27
+    np.testing.assert_array_equal(got, want)
+    assert schedules.conv2d((1, 4, 5, c + 1), (16, c + 1, 3, 3), **kw).plan.form is None
+    with pytest.raises(ValueError, match=f"{c + 1} input channels exceed {c}, the most whose transformed sums"):
+        schedules.conv2d((1, 4, 5, c + 1), (16, c + 1, 3, 3), algorithm="winograd", **kw)
+
+
+@pytest.mark.parametrize("shape, kw, why", [
+    ((1, 8, 8, 32), dict(target="x86-avx512vnni"), "multiplies 8-bit values as they are"),
+    ((1, 8, 8, 32), dict(stride=2), "3x3 kernels of stride 1"),
+    ((1, 8, 8, 8), dict(), f"at least {WINOGRAD_MIN_CHANNELS} input and output channels"),
+])
+def test_winograd_goes_only_where_it_applies(shape, kw, why):
+    """Where Winograd does not apply, "auto" takes the direct conv and algorithm="winograd" says why."""
+    args = dict(padding=1, dtype="uint8", data_layout="NHWC") | {"target": "x86-avx2"} | kw
+    wshape = (shape[-1], shape[-1], 3, 3)
+    assert schedules.conv2d(shape, wshape, **args).plan.form is None
+    with pytest.raises(ValueError, match=why):
+        schedules.conv2d(shape, wshape, algorithm="winograd", **args)

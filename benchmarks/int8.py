@@ -131,12 +131,13 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native", layout:
                     peer_diff = {k: int(np.abs(e.run().astype(np.int32) - want).max()) for k, e in engines.items()}
                 best = min((secs[n] for n in engines), default=None)
                 ms = {k: 1e3 * v for k, v in secs.items()}
-                log(f"    {layer.label:34s} {op.plan.kern.name:28s} {ms['int8']:8.3f} {ms['f32']:8.3f} "
+                tile = op.plan.kern.name + (" wino" if op.plan.form == "winograd" else "")  # integer Winograd
+                log(f"    {layer.label:34s} {tile:28s} {ms['int8']:8.3f} {ms['f32']:8.3f} "
                     f"{secs['f32'] / secs['int8']:8.2f} "
                     + (f"{ms['ORT']:8.3f} {ms['OV']:8.3f} {secs['int8'] / best:9.2f} {diff:8d} "
                        f"{peer_diff['ORT']:>5d}/{peer_diff['OV']:<5d}" if engines else ""))
                 rows.append({"layer": layer.label, "threads": threads, "count": layer.count, "kernel": op.plan.kern.name,
-                             "seconds": secs, "max_diff_steps": diff, "peer_diff_steps": peer_diff})
+                             "form": op.plan.form, "seconds": secs, "max_diff_steps": diff, "peer_diff_steps": peer_diff})
             _summary(rows, log)
             out["layers"] += rows
     finally:

@@ -30,7 +30,7 @@ B goes in pairs of k. On x86 the int32 accumulators then leave through the unpac
 output is requantized (Quantization: round half to even, + zero point, saturate; or dequantized
 to float32) on its way back to NCHW, and the tiles, the pack and the unpack run on all threads.
 
-On the int16 upcast (x86 without VNNI), channels-last 3x3 stride-1 layers run as Winograd
+On the int16 upcast (x86 without VNNI), 3x3 stride-1 layers run as Winograd
 F(2x2, 3x3) in integers (`winograd`): B^T (x - zp_x) B of each 4x4 input tile and
 (2G) (w - zp_w) (2G)^T, G doubled so it has no halves, are integers that fit int16, so the 16
 GEMMs of the transformed values run on the same vpmaddwd tile (as one 1x1 layer of 16 groups),
@@ -576,7 +576,8 @@ def _render_winograd_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     src, (_, tw) = plan.source, winograd_tiles(plan.source)
     top, left = src.pad[0], src.pad[1]
     inside = f"{top} <= vy and vy < {top + src.h} and {left} <= vx and vx < {left + src.w}"
-    value = f"T.Cast('int16', D[vn, vy - {top}, vx - {left}, vc])" + (f" - T.int16({zp})" if zp else "")
+    x = f"D[vn, vy - {top}, vx - {left}, vc]" if plan.nhwc else f"D[vn, vc, vy - {top}, vx - {left}]"
+    value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
     L = padded_pack(4, "S", list(zip("nyxc", winograd_source_shape(plan))), inside, value, "T.int16(0)")
     L[1] = L[1].replace("'pack'", "'pad'")
     t = f"(vy * {plan.g.w} + vx)"
@@ -606,7 +607,7 @@ def _render_winograd_unpack(plan: Int8Plan) -> list[str]:
     # the predicate is in the loop variables, as TIR takes it
     cond = [c for c, edge in ((f"ty * 2 + i < {oh}", oh % 2), (f"tx * 2 + j < {ow}", ow % 2)) if edge]
     layer = dataclasses.replace(plan, g=src, source=None, form=None)
-    idx = f"vn, {yy}, {xx}, vo"
+    idx = f"vn, {yy}, {xx}, vo" if plan.nhwc else f"vn, vo, {yy}, {xx}"
     return [f"    for n, ty, tx, i, j, o in T.grid({src.n}, {th}, {tw}, 2, 2, {src.o}):",
             "        with T.sblock('unpack'):",
             "            vn, vty, vtx, vi, vj, vo = T.axis.remap('SSSSSS', [n, ty, tx, i, j, o])",
@@ -1372,7 +1373,7 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
     zw8 = zp_w - weight_shift(weight_dtype)
     wino = None
     if algorithm != "direct":
-        wino, why_not = winograd(g, data_layout, isa, quant, zp_x, zp_w)
+        wino, why_not = winograd(g, isa, quant, zp_x, zp_w)
         if algorithm == "winograd" and wino is None:
             raise ValueError(f"algorithm='winograd' does not apply to this quantized layer: {why_not}")
     s2d, sub = space_to_depth(g, data_layout, isa, zw8), subsampled(g, data_layout, isa)
@@ -1405,16 +1406,15 @@ def winograd_max_channels(quant: Quantization, zp_x: int, zp_w: int) -> int:
     return (2**31 - 1) // (WINOGRAD_GROWTH * d * w)
 
 
-def winograd(g: Geometry, data_layout: str, isa: Isa, quant: Quantization, zp_x: int,
-             zp_w: int) -> tuple[Geometry | None, str]:
+def winograd(g: Geometry, isa: Isa, quant: Quantization, zp_x: int, zp_w: int) -> tuple[Geometry | None, str]:
     """(the 16 GEMMs of Winograd F(2x2, 3x3) as one grouped 1x1 layer, "") for a layer that takes
-    it, or (None, why not): channels-last 3x3 stride-1 undilated single-group 8-bit layers of at
+    it, or (None, why not): 3x3 stride-1 undilated single-group 8-bit layers of at
     least WINOGRAD_MIN_CHANNELS channels each way, on the int16 upcast tile (x86 without VNNI,
     where a product costs what a direct conv's does; vpdpbusd multiplies 8-bit values, which
     the transformed ones are not), up to winograd_max_channels. Its pixels are the layer's 2x2
     output tiles, in rows of flat_row's length; its 16 groups the GEMMs."""
-    if not (data_layout == "NHWC" and isa.arch == "x86"):
-        return None, "it is an x86 option of the channels-last (data_layout='NHWC') layer"
+    if isa.arch != "x86":
+        return None, "it is an x86 option"
     if quant.dtype == "int16" or quant.weight_dtype == "int16":
         return None, "it transforms 8-bit data and weights, not the legalized int16 form"
     kern = conv_kernel(isa, quant.dtype, False, g)

@@ -245,7 +245,7 @@ def test_tile_shape_counts_rows_of_b_twice(hw, k, want):
     (dict(residual_zero_point=3), ValueError, "apply to a fused residual add"),
     (dict(activation="clip"), ValueError, "activation 'clip' is not available on the quantized conv2d"),
     (dict(algorithm="winograd"), ValueError,
-     ("algorithm='winograd' does not apply to this quantized layer: it is an x86 option of the channels-last")),
+     "algorithm='winograd' does not apply to this quantized layer: mk_u8s8_gemm_.* multiplies 8-bit values as they are"),
     (dict(algorithm="winograd", tile=4), ValueError, "the quantized Winograd is F\\(2x2, 3x3\\) only"),
 ])
 def test_refusals_name_the_constraint(kwargs, err, msg):
@@ -402,22 +402,23 @@ def test_winograd_is_the_exact_conv(target):
     """Channels-last 3x3 stride-1 layers on the int16 upcast run as Winograd F(2x2, 3x3) in
     integers (conv.int8.winograd): int32 outputs equal the int64 reference bit for bit over odd
     and even sizes (partial 2x2 tiles at the edges), asymmetric padding, both zero points,
-    batches and channel counts that pad to the tile; requantized with bias, ReLU and a fused
-    residual add, equal to the direct conv's output. On two threads."""
+    batches, channel counts that pad to the tile and both layouts; requantized with bias, ReLU
+    and a fused residual add, equal to the direct conv's output. On two threads."""
     run = _run_args(target)
 
-    @settings(max_examples=6, deadline=None)
+    @settings(max_examples=8, deadline=None)
     @given(st.integers(WINOGRAD_MIN_CHANNELS, 40), st.integers(WINOGRAD_MIN_CHANNELS, 40), st.integers(1, 9),
            st.integers(1, 11), st.sampled_from([0, 1, (0, 1, 2, 0), (2, 0, 1, 1)]), st.sampled_from([1, 2]),
-           st.integers(0, 2**32 - 1))
-    def check(c, o, h, w, pad, n, seed):
+           st.booleans(), st.integers(0, 2**32 - 1))
+    def check(c, o, h, w, pad, n, nhwc, seed):
         rng = np.random.default_rng(seed)
         zp_x, zp_w = int(rng.integers(0, 256)), int(rng.integers(-128, 128)) * int(rng.random() < 0.5)
         x, wt = _values(rng, "uint8", (n, c, h + 2, w + 2)), _values(rng, "int8", (o, c, 3, 3))
-        op = schedules.conv2d((n, h + 2, w + 2, c), wt.shape, padding=pad, dtype="uint8", target=target,
-                              input_zero_point=zp_x, weight_zero_point=zp_w, data_layout="NHWC", threads=2, **run)
+        shape = (n, h + 2, w + 2, c) if nhwc else x.shape
+        op = schedules.conv2d(shape, wt.shape, padding=pad, dtype="uint8", target=target, input_zero_point=zp_x,
+                              weight_zero_point=zp_w, data_layout="NHWC" if nhwc else "NCHW", threads=2, **run)
         assert op.plan.form == "winograd" and "Winograd F(2x2, 3x3)" in op.plan.why
-        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt).transpose(0, 3, 1, 2)
+        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt).transpose(0, 3, 1, 2) if nhwc else op(x, wt)
         want = conv_reference.qconv2d(x, wt, zp_x, zp_w, 1, pad, 1, 1)
         bad = got != want
         assert not bad.any(), f"{bad.sum()} of {got.size} differ; first {np.argwhere(bad)[0]}"

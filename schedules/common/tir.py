@@ -37,8 +37,8 @@ def header(params: list[str]) -> list[str]:
 
 
 def padded_pack(indent: int, dst: str, loops: list[tuple[str, int]], inside: str, value: str,
-                fill: str = "T.float32(0)") -> list[str]:
-    """A block 'pack' copying `value` into `dst` where `inside` holds and `fill` elsewhere: the
+                fill: str = "T.float32(0)", block: str = "pack") -> list[str]:
+    """A block `block` copying `value` into `dst` where `inside` holds and `fill` elsewhere: the
     zero padding (or zero point) of a band's input written once, so the tiles that read it
     need no bounds checks. `loops` are (loop var, extent); the block's iterators are the loop
     vars prefixed with v, and `inside`/`value` are written in those."""
@@ -47,7 +47,7 @@ def padded_pack(indent: int, dst: str, loops: list[tuple[str, int]], inside: str
     iters = ", ".join("v" + n for n in names)
     return [
         f"{pad}for {', '.join(names)} in T.grid({', '.join(str(e) for _, e in loops)}):",
-        f"{pad}    with T.sblock('pack'):",
+        f"{pad}    with T.sblock('{block}'):",
         f"{pad}        {iters} = T.axis.remap('{'S' * len(names)}', [{', '.join(names)}])",
         f"{pad}        {dst}[{iters}] = T.if_then_else(",
         f"{pad}            {inside},",

@@ -215,7 +215,7 @@ class Int8Plan:
                 WINOGRAD: f"; Winograd F(2x2, 3x3) in integers: the data's 4x4 tiles and the weights "
                           f"transformed exactly into int16, 16 GEMMs of {self.g.h * self.g.w} tiles x "
                           f"{self.g.cg} -> {self.g.og} channels, the output transform in int32 and / 4 exact "
-                          f"(2.25x fewer products than the direct conv)" if self.source else "",
+                          f"(2.25x fewer products than the direct conv)",
                 None: ""}[self.form]
         if isinstance(kern, AmxGemmKernel):
             return (f"{kern.name}: AMX tdpbusd, {kern.a_tiles} x {kern.b_tiles} tiles of {kern.rows} pixels x 16 "
@@ -510,8 +510,7 @@ def _render_space_to_depth_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str
         value = f"T.Cast('{dt}', T.Cast('int16', {value}) + T.int16({shift}))"
     c = src.c
     L = padded_pack(4, "S", list(zip("nyxc", space_to_depth_source_shape(plan))), inside, value,
-                    f"T.{dt}({zp + shift})")
-    L[1] = L[1].replace("'pack'", "'pad'")
+                    f"T.{dt}({zp + shift})", block="pad")
     return L + padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {4 * c}",
                            f"S[vn, vy * 2 + vc // {2 * c}, vx * 2 + vc // {c} % 2, vc % {c}]", f"T.{dt}(0)")
 
@@ -541,10 +540,11 @@ def space_to_depth_source_shape(plan: Int8Plan) -> tuple:
     return (n, 2 * hs, 2 * ws, plan.source.c)
 
 
-# Winograd F(2x2, 3x3): B^T (rows of a 4x4 input tile) and A^T (the output's 2 rows), as the
-# index and sign of each row's two or three terms; G scaled by 2 (winograd_weights) keeps the
-# weights' transform integral, and the output transform's result is 4x the conv.
-WINO_BT = ((0, 1, 2, -1), (1, 1, 2, 1), (2, 1, 1, -1), (1, 1, 3, -1))  # (p, +1, q, sign): d[p] + sign * d[q]
+# Winograd F(2x2, 3x3): each row of B^T (over a 4x4 input tile's rows or columns) as its two
+# terms; A^T's two rows are written out in _render_winograd_unpack. G scaled by 2
+# (winograd_weights) keeps the weights' transform integral, and the output transform's result
+# is 4x the conv.
+WINO_BT = ((0, 2, -1), (1, 2, 1), (2, 1, -1), (1, 3, -1))  # (p, q, sign): row = d[p] + sign * d[q]
 WINO_G2 = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]], np.int64)
 
 
@@ -564,7 +564,7 @@ def winograd_tiles(g: Geometry) -> tuple[int, int]:
 def _wino_combine(terms, index: str) -> str:
     """TVMScript choosing, by the value of `index` (0-3, an unrolled loop's), the row of B^T that
     combines the four `terms`: after unrolling each tile's choice folds to one add or subtract."""
-    rows = [f"({terms[p]} {'+' if sign > 0 else '-'} {terms[q]})" for p, _, q, sign in WINO_BT]
+    rows = [f"({terms[p]} {'+' if sign > 0 else '-'} {terms[q]})" for p, q, sign in WINO_BT]
     return f"T.Select({index} == 0, {rows[0]}, T.Select({index} == 1, {rows[1]}, T.Select({index} == 2, {rows[2]}, {rows[3]})))"
 
 
@@ -578,8 +578,8 @@ def _render_winograd_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     inside = f"{top} <= vy and vy < {top + src.h} and {left} <= vx and vx < {left + src.w}"
     x = f"D[vn, vy - {top}, vx - {left}, vc]" if plan.nhwc else f"D[vn, vc, vy - {top}, vx - {left}]"
     value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
-    L = padded_pack(4, "S", list(zip("nyxc", winograd_source_shape(plan))), inside, value, "T.int16(0)")
-    L[1] = L[1].replace("'pack'", "'pad'")
+    L = padded_pack(4, "S", list(zip("nyxc", winograd_source_shape(plan))), inside, value, "T.int16(0)",
+                    block="pad")
     t = f"(vy * {plan.g.w} + vx)"
     y0, x0 = f"{t} // {tw} * 2", f"{t} % {tw} * 2"
     cols = [_wino_combine([f"S[vn, {y0} + {r}, {x0} + {c}, vc]" for c in range(4)], "vg % 4") for r in range(4)]
@@ -606,13 +606,12 @@ def _render_winograd_unpack(plan: Int8Plan) -> list[str]:
     yy, xx = "vty * 2 + vi", "vtx * 2 + vj"
     # the predicate is in the loop variables, as TIR takes it
     cond = [c for c, edge in ((f"ty * 2 + i < {oh}", oh % 2), (f"tx * 2 + j < {ow}", ow % 2)) if edge]
-    layer = dataclasses.replace(plan, g=src, source=None, form=None)
     idx = f"vn, {yy}, {xx}, vo" if plan.nhwc else f"vn, vo, {yy}, {xx}"
     return [f"    for n, ty, tx, i, j, o in T.grid({src.n}, {th}, {tw}, 2, 2, {src.o}):",
             "        with T.sblock('unpack'):",
             "            vn, vty, vtx, vi, vj, vo = T.axis.remap('SSSSSS', [n, ty, tx, i, j, o])",
             *([f"            T.where({' and '.join(cond)})"] if cond else []),
-            f"            Out[{idx}] = {_output(layer, f'T.shift_right({y}, T.int32(2))', 'vo', idx)}"]
+            f"            Out[{idx}] = {_output(plan, f'T.shift_right({y}, T.int32(2))', 'vo', idx)}"]
 
 
 def winograd_weights(weight: np.ndarray, zp_w: int) -> np.ndarray:
@@ -804,7 +803,7 @@ def _output(plan: Int8Plan, acc: str, o: str, idx: str) -> str:
     + Bias, then as Quantization says (int32 as is; 8-bit requantized: round half to even, + zero
     point, saturate, clamped before the conversion so it stays in range; float32 dequantized),
     then the fused residual add of R[idx] (Quantization's rule) where the plan has one."""
-    og = plan.g.og
+    og = plan.layer.og
     o = f"({o})"
     if plan.bias:
         acc = f"{acc} + Bias[{o} // {og}, {o} % {og}]"
@@ -1428,7 +1427,7 @@ def winograd(g: Geometry, isa: Isa, quant: Quantization, zp_x: int, zp_w: int) -
     if g.c > most:
         return None, (f"{g.c} input channels exceed {most}, the most whose transformed sums stay exact in int32 "
                       "with these zero points")
-    th, tw = (-(-v // 2) for v in g.out_hw)
+    th, tw = winograd_tiles(g)
     row = flat_row(th * tw)
     return dataclasses.replace(g, c=16 * g.c, o=16 * g.o, h=th * tw // row, w=row, kh=1, kw=1, stride=(1, 1),
                                pad=(0, 0, 0, 0), dilation=(1, 1), groups=16), ""

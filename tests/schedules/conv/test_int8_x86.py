@@ -399,7 +399,7 @@ def test_channels_last_depthwise_float_taps_are_exact(dtype, weight_dtype):
 
 @pytest.mark.parametrize("target", ["x86-avx2", "x86-avx512"])
 def test_winograd_is_the_exact_conv(target):
-    """Channels-last 3x3 stride-1 layers on the int16 upcast run as Winograd F(2x2, 3x3) in
+    """3x3 stride-1 layers on the int16 upcast run as Winograd F(2x2, 3x3) in
     integers (conv.int8.winograd): int32 outputs equal the int64 reference bit for bit over odd
     and even sizes (partial 2x2 tiles at the edges), asymmetric padding, both zero points,
     batches, channel counts that pad to the tile and both layouts; requantized with bias, ReLU

@@ -84,7 +84,7 @@ ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (0, 0)}
 DEPTHWISE_LANES = 8  # int16 channels per q register (ARM); x86: Int8Plan.lanes
 MAX_CHUNKS = 64  # parallel chunks of a tile-local layer (Int8Plan.chunks)
 MAX_FLOAT_TAPS = 2**24 // MAX_PRODUCT  # 258: float32 sums of integer products exact (Int8Plan.float_taps)
-SPACE_TO_DEPTH, SUBSAMPLED, WINOGRAD = "space-to-depth", "subsampled", "winograd"  # Int8Plan.form
+SPACE_TO_DEPTH, SUBSAMPLED, WINOGRAD, PAIRED = "space-to-depth", "subsampled", "winograd", "paired"  # Int8Plan.form
 # Winograd F(2x2, 3x3) in integers (winograd): B^T d B sums four data values and (2G) w (2G)^T
 # nine weights, so both fit int16; every partial sum of the 16 GEMMs and of the output
 # transform, evaluated as written, is at most WINOGRAD_GROWTH * C * max|x - zp_x| * max|w - zp_w|
@@ -121,8 +121,9 @@ class Int8Plan:
     # A fused quantized residual add, (ratio of y, ratio of r, r's zero point, the sum's zero
     # point) as Quantization.residual_ratios and its zero points give them; R takes Out's shape.
     residual: tuple | None = None
-    # The layer as given where `g` is another form of it (`form`: space_to_depth's or a 1x1
-    # stride-s layer's subsampled one, subsampled): the pack reads the data in this one's shape.
+    # The layer as given where `g` is another form of it (`form`: space_to_depth's, a 1x1
+    # stride-s layer's subsampled one, Winograd's GEMMs, paired's rows of pairs): the pack reads
+    # the data in this one's shape.
     source: object = None
     form: str | None = None
 
@@ -212,6 +213,10 @@ class Int8Plan:
         form = {SPACE_TO_DEPTH: f"; stride 2 as space-to-depth: a {self.g.kh}x{self.g.kw} stride-1 conv on "
                                 f"{self.g.c} channels (2 x 2 pixels of {self.source.c})" if self.source else "",
                 SUBSAMPLED: "; the strided pixels packed into one row of a 1x1 stride-1 layer",
+                PAIRED: (f"; {self.source.c} channels at stride {self.source.stride[1]} as a conv over the padded rows "
+                         f"read as pairs of values: a kernel row's {self.source.kw * self.source.c} values one K of "
+                         f"{self.g.kw * 2} (channels padded to {self.source.c + 1} would take "
+                         f"{self.source.kw * (self.source.c + 1)})") if self.source else "",
                 WINOGRAD: f"; Winograd F(2x2, 3x3) in integers: the data's 4x4 tiles and the weights "
                           f"transformed exactly into int16, 16 GEMMs of {self.g.h * self.g.w} tiles x "
                           f"{self.g.cg} -> {self.g.og} channels, the output transform in int32 and / 4 exact "
@@ -405,6 +410,8 @@ def pack_weights(plan: Int8Plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) 
         bias = (-zp_x8 * sums + k * zp_x8 * zw8).astype(np.int32).reshape(plan.bias_shape)
         return _pack_gemm_weights(plan, w8, np.int8), bias
     w = weight.astype(np.int16) - np.int16(zp_w)
+    if plan.form == PAIRED:
+        w = paired_weights(w, plan.g.kw)
     if plan.rows:
         return (np.ascontiguousarray(w[:, 0]),)
     if plan.depthwise:
@@ -455,6 +462,14 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
         packed = "\n".join([f"    PS = T.alloc_buffer(({p_elems + int(np.prod(s_shape))},), '{dt}')",
                              f"    P = T.decl_buffer({plan.packed_shape}, '{dt}', data=PS.data)",
                              f"    S = T.decl_buffer({s_shape}, '{dt}', data=PS.data, elem_offset={p_elems})"])
+    elif plan.form == PAIRED:
+        # Flat views of P's rows and, channels-last, of the data's: the pack is a copy of rows.
+        n, _, hp, wp, cp = plan.packed_shape
+        src = plan.source
+        packed = "\n".join([f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.packed_dtype}')",
+                             f"    PF = T.decl_buffer(({n}, {hp}, {wp * cp}), '{plan.packed_dtype}', data=P.data)",
+                             *([f"    DF = T.decl_buffer(({src.n}, {src.h}, {src.w * src.c}), '{dtype}', data=D.data)"]
+                               if plan.nhwc else [])])
     else:
         packed = f"    P = T.alloc_buffer({plan.packed_shape}, '{plan.pack_dtype(dtype)}')"
     return L + [packed, f"    Acc = T.alloc_buffer({plan.acc_shape}, '{plan.acc_dtype}')"]
@@ -468,6 +483,8 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         return _render_subsampled_pack(plan, dtype, zp)
     if plan.form == WINOGRAD:
         return _render_winograd_pack(plan, dtype, zp)
+    if plan.form == PAIRED:
+        return _render_paired_pack(plan, dtype, zp)
     g = plan.g
     top, left = g.pad[0], g.pad[1]
     conds = [f"{top} <= vy", f"vy < {top + g.h}", f"{left} <= vx", f"vx < {left + g.w}"]
@@ -532,6 +549,34 @@ def _render_subsampled_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         value = f"T.Cast('int16', {value})" + (f" - T.int16({zp})" if zp else "")
     return padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {src.cg} and vx < {plan.g.w}",
                        value, f"T.{dt}(0)")
+
+
+def _render_paired_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
+    """The pack of a paired plan (paired): P's rows, as flat runs of values (PF), zeroed, then the
+    data's rows copied in at the padding's offset, widened less the zero point, as far as the
+    windows read (paired_copy). Channels-last, a row of the data is one run too (DF), so the copy
+    is a contiguous one."""
+    src = plan.source
+    n, _, hp, wp, cp = plan.packed_shape
+    top, left, c = src.pad[0], src.pad[1], src.c
+    rows, values = paired_copy(plan)
+    x = "DF[vn, vy, vi]" if plan.nhwc else f"D[vn, vi % {c}, vy, vi // {c}]"
+    value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+    return [f"    for n, y, f in T.grid({n}, {hp}, {wp * cp}):",
+            "        with T.sblock('pad'):",
+            "            vn, vy, vf = T.axis.remap('SSS', [n, y, f])",
+            "            PF[vn, vy, vf] = T.int16(0)",
+            f"    for n, y, i in T.grid({src.n}, {rows}, {values}):",
+            "        with T.sblock('pack'):",
+            "            vn, vy, vi = T.axis.remap('SSS', [n, y, i])",
+            f"            PF[vn, vy + {top}, vi + {left * c}] = {value}"]
+
+
+def paired_copy(plan: Int8Plan) -> tuple[int, int]:
+    """Rows of the data, and values of each, that a paired plan's pack copies: those its packed
+    rows hold (a stride can leave the last rows or columns unread)."""
+    src, (_, _, hp, wp, cp) = plan.source, plan.packed_shape
+    return min(src.h, hp - src.pad[0]), min(src.w * src.c, wp * cp - src.pad[1] * src.c)
 
 
 def space_to_depth_source_shape(plan: Int8Plan) -> tuple:
@@ -1121,6 +1166,14 @@ def _parallel_stages(sch, plan: Int8Plan) -> None:
         pack = sch.get_loops(sch.get_sblock("pack"))
         sch.parallel(sch.fuse(*pack[:3]))
         sch.unroll(pack[-1])
+    elif plan.form == PAIRED:  # rows in parallel, a row's values in the lanes (channels-last: both sides)
+        n, y, f = sch.get_loops(sch.get_sblock("pad"))
+        sch.parallel(sch.fuse(n, y))
+        _vectorize_whole(sch, f, plan.packed_shape[-2] * plan.packed_shape[-1])
+        n, y, i = sch.get_loops(sch.get_sblock("pack"))
+        sch.parallel(sch.fuse(n, y))
+        if plan.nhwc:
+            _vectorize_whole(sch, i, paired_copy(plan)[1])
     elif _has_block(sch, "pack"):
         # Rows of every image (and group) in parallel, a row's pixels in turn and their
         # channels in the vector lanes (the innermost loop, contiguous on both sides).
@@ -1375,9 +1428,9 @@ def prepare(g: Geometry, isa: Isa, quant: Quantization, post_ops: PostOps = NO_P
         wino, why_not = winograd(g, isa, quant, zp_x, zp_w)
         if algorithm == "winograd" and wino is None:
             raise ValueError(f"algorithm='winograd' does not apply to this quantized layer: {why_not}")
-    s2d, sub = space_to_depth(g, data_layout, isa, zw8), subsampled(g, data_layout, isa)
-    form = WINOGRAD if wino else SPACE_TO_DEPTH if s2d else SUBSAMPLED if sub else None
-    mod, plan = build(wino or s2d or sub or flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w,
+    pair, s2d, sub = paired(g, kern), space_to_depth(g, data_layout, isa, zw8), subsampled(g, data_layout, isa)
+    form = WINOGRAD if wino else PAIRED if pair else SPACE_TO_DEPTH if s2d else SUBSAMPLED if sub else None
+    mod, plan = build(wino or pair or s2d or sub or flat_geometry(g, data_layout, isa), isa, dtype, zp_x, zp_w=zp_w,
                       weight_dtype=weight_dtype, output=output, source=(g, form) if form else None)
     return mod, Int8Conv2dOp(g, isa, None, plan, quant, zp_x, zp_w, threads, emulate)
 
@@ -1431,6 +1484,32 @@ def winograd(g: Geometry, isa: Isa, quant: Quantization, zp_x: int, zp_w: int) -
     row = flat_row(th * tw)
     return dataclasses.replace(g, c=16 * g.c, o=16 * g.o, h=th * tw // row, w=row, kh=1, kw=1, stride=(1, 1),
                                pad=(0, 0, 0, 0), dilation=(1, 1), groups=16), ""
+
+
+def paired(g: Geometry, kern) -> Geometry | None:
+    """A layer of an odd number of channels on the int16 upcast (`kern`: vpmaddwd multiplies K in
+    pairs), whose stride starts every window on an even value of the padded row (SW * C even:
+    ResNet's stem, 3 channels at stride 2), as the conv over its padded rows read as pairs of
+    values: 2 channels, ceil(KW * C / 2) columns at stride SW * C / 2, the padding of the rows
+    packed in. A kernel row's KW * C values then take one K of that rounded up to even, where
+    channels padded to C + 1 take KW * (C + 1) (the stem: 7 rows of 22 against 28, 154 products
+    per output against 196); the odd value out, past the window, meets a zero weight
+    (paired_weights). Single-group, undilated layers of more than one column; None for the rest."""
+    if not (isinstance(kern, IntGemmKernel) and kern.group == 2 and g.groups == 1 and g.c % 2 == 1
+            and (g.stride[1] * g.c) % 2 == 0 and g.kw > 1 and g.dilation == (1, 1)):
+        return None
+    kw, sw = -(-g.kw * g.c // 2), g.stride[1] * g.c // 2
+    return dataclasses.replace(g, c=2, w=(g.out_hw[1] - 1) * sw + kw, kw=kw, stride=(g.stride[0], sw),
+                               pad=(g.pad[0], 0, g.pad[2], 0))
+
+
+def paired_weights(w: np.ndarray, kw: int) -> np.ndarray:
+    """OIHW weights (zero point out) -> those of the paired form (paired) with `kw` columns of
+    two channels: a kernel row's values in the data's order, (column, channel), then zeros."""
+    o, c, kh, kw0 = w.shape
+    rows = np.zeros((o, kh, 2 * kw), w.dtype)
+    rows[:, :, : kw0 * c] = w.transpose(0, 2, 3, 1).reshape(o, kh, kw0 * c)
+    return np.ascontiguousarray(rows.reshape(o, kh, kw, 2).transpose(0, 3, 1, 2))
 
 
 def space_to_depth(g: Geometry, data_layout: str, isa: Isa, zw8: int) -> Geometry | None:

@@ -475,3 +475,67 @@ def test_winograd_goes_only_where_it_applies(shape, kw, why):
     assert schedules.conv2d(shape, wshape, **args).plan.form is None
     with pytest.raises(ValueError, match=why):
         schedules.conv2d(shape, wshape, algorithm="winograd", **args)
+
+
+@pytest.mark.parametrize("target", ["x86-avx2", "x86-avx512"])
+def test_odd_channels_at_an_even_stride_run_as_pairs_of_values(target):
+    """Odd channel counts whose stride starts each window on an even value of the padded row
+    (conv.int8.paired: ResNet's 3-channel stem at stride 2) run on the upcast as the conv over the
+    rows read as pairs of values: int32 outputs equal the int64 reference bit for bit over 1 to 7
+    channels, kernels of 2 to 7 columns, strides and paddings (rows and columns left unread by the
+    stride included), both zero points, batches and both layouts; requantized with bias, ReLU and a
+    fused residual add, equal to ONNX's rule in numpy. On two threads."""
+    run = _run_args(target)
+
+    @settings(max_examples=8, deadline=None)
+    @given(st.sampled_from([1, 3, 5, 7]), st.integers(1, 20), st.integers(1, 4), st.integers(2, 7),
+           st.sampled_from([(2, 2), (1, 2), (3, 4), (2, 6)]), st.sampled_from([0, 1, (0, 2, 1, 0), (3, 1, 0, 2)]),
+           st.sampled_from([1, 2]), st.booleans(), st.integers(0, 2**32 - 1), st.data())
+    def check(c, o, kh, kw, stride, pad, n, nhwc, seed, data):
+        p = (pad,) * 4 if isinstance(pad, int) else pad
+        h = data.draw(st.integers(max(1, kh - p[0] - p[2]), 11))
+        w = data.draw(st.integers(max(1, kw - p[1] - p[3]), 13))
+        rng = np.random.default_rng(seed)
+        zp_x, zp_w = int(rng.integers(0, 256)), int(rng.integers(-128, 128)) * int(rng.random() < 0.5)
+        x, wt = _values(rng, "uint8", (n, c, h, w)), _values(rng, "int8", (o, c, kh, kw))
+        shape = (n, h, w, c) if nhwc else x.shape
+        op = schedules.conv2d(shape, wt.shape, stride=stride, padding=pad, dtype="uint8", target=target,
+                              input_zero_point=zp_x, weight_zero_point=zp_w, data_layout="NHWC" if nhwc else "NCHW",
+                              threads=2, **run)
+        assert op.plan.form == "paired" and "read as pairs of values" in op.plan.why
+        got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt).transpose(0, 3, 1, 2) if nhwc else op(x, wt)
+        want = conv_reference.qconv2d(x, wt, zp_x, zp_w, stride, pad, 1, 1)
+        bad = got != want
+        assert not bad.any(), f"{bad.sum()} of {got.size} differ; first {np.argwhere(bad)[0]}"
+
+    check()
+    rng = np.random.default_rng(4)
+    sx, sw, sy, sr, ss = 0.02, np.float32(0.004), 0.05, 0.07, 0.09
+    x, wt = _values(rng, "uint8", (2, 3, 15, 14)), _values(rng, "int8", (24, 3, 7, 7))
+    bias, r = rng.integers(-5000, 5000, 24).astype(np.int32), _values(rng, "uint8", (2, 8, 7, 24))
+    op = schedules.conv2d((2, 15, 14, 3), wt.shape, stride=2, padding=3, dtype="uint8", target=target,
+                          input_zero_point=120, output_dtype="uint8", input_scale=sx, weight_scale=sw, output_scale=sy,
+                          output_zero_point=7, bias=True, activation="relu", residual=True, residual_scale=sr,
+                          residual_zero_point=30, sum_scale=ss, sum_zero_point=11, data_layout="NHWC", **run)
+    assert op.plan.form == "paired"
+    got = op(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), wt, bias, residual=r)
+    acc = conv_reference.qconv2d(x, wt, 120, 0, 2, 3, 1, 1) + bias[None, :, None, None]
+    y = requantize(acc, np.int32(0), np.float32(sx) * sw / np.float32(sy), 7, 7, 255, "uint8").transpose(0, 2, 3, 1)
+    a, b = (y.astype(np.int32) - 7).astype(np.float32), (r.astype(np.int32) - 30).astype(np.float32)
+    ra, rb = np.float32(sy) / np.float32(ss), np.float32(sr) / np.float32(ss)  # QLinearAdd's rule, as above
+    want = np.clip(np.rint(a * ra + b * rb).astype(np.int64) + 11, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape, wshape, kw", [
+    ((1, 16, 16, 4), (8, 4, 7, 7), dict(stride=2)),  # even channels: nothing padded
+    ((1, 16, 16, 3), (8, 3, 7, 7), dict(stride=1)),  # windows one value apart, not pairs
+    ((1, 16, 16, 3), (8, 3, 1, 1), dict(stride=2)),  # one column: the pair is the channels' own padding
+    ((1, 16, 16, 3), (8, 3, 3, 3), dict(stride=2, dilation=2)),
+    ((1, 16, 16, 6), (8, 3, 3, 3), dict(stride=2, groups=2)),
+    ((1, 16, 16, 3), (8, 3, 7, 7), dict(stride=2, target="x86-avx512vnni")),  # vpdpbusd: K in fours
+])
+def test_paired_rows_go_only_where_they_apply(shape, wshape, kw):
+    """The paired form only where it saves products on the upcast; elsewhere the layer's own."""
+    args = dict(padding=1, dtype="uint8", data_layout="NHWC", target="x86-avx2") | kw
+    assert schedules.conv2d(shape, wshape, **args).plan.form != "paired"

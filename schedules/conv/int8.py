@@ -36,7 +36,10 @@ F(2x2, 3x3) in integers (`winograd`): B^T (x - zp_x) B of each 4x4 input tile an
 GEMMs of the transformed values run on the same vpmaddwd tile (as one 1x1 layer of 16 groups),
 and the output transform A^T M A, 4x the conv, is divided by 4 exactly. 2.25x fewer products
 than the direct conv, exact while the channels stay within winograd_max_channels. (vpdpbusd
-multiplies 8-bit values, which the transformed ones are not: the VNNI ISAs stay direct.)
+multiplies 8-bit values, which the transformed ones are not: the VNNI ISAs stay direct.) Layers
+of an odd channel count whose stride starts every window on an even value of the padded row
+(the 3-channel stem at stride 2) read those rows as pairs of values (`paired`), so the upcast's
+K pairs take no padded channel.
 
 ARM code is compiled here and, since this host is x86, run under qemu-user (`emulate`); x86
 code runs natively, or on the Bochs CPU with emulate=True.

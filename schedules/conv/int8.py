@@ -478,6 +478,11 @@ def _header(plan: Int8Plan, dtype: str) -> list[str]:
     return L + [packed, f"    Acc = T.alloc_buffer({plan.acc_shape}, '{plan.acc_dtype}')"]
 
 
+def _widened(x: str, zp: int) -> str:
+    """TVMScript of the 8-bit value `x` as the upcast packs it: int16, less the zero point."""
+    return f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+
+
 def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     """The pack stage into `plan.packed_shape`."""
     if plan.form == SPACE_TO_DEPTH:
@@ -510,7 +515,7 @@ def _render_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         value = f"T.if_then_else({' and '.join(pixel)}, {value}, T.{dt}({zp + shift}))"
         conds, zero = conds[:1] if conds[0].startswith("vc") else ["True"], f"T.{dt}(0)"
     else:
-        value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+        value = _widened(x, zp)
         zero = "T.int16(0)"
         if plan.float_taps:  # the data as it is, its zero point in the padding
             value, zero = x, f"T.{dtype}({zp})"
@@ -549,7 +554,7 @@ def _render_subsampled_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
         if shift:
             value = f"T.Cast('{dt}', T.Cast('int16', {value}) + T.int16({shift}))"
     else:
-        value = f"T.Cast('int16', {value})" + (f" - T.int16({zp})" if zp else "")
+        value = _widened(value, zp)
     return padded_pack(4, "P", list(zip("ngyxc", plan.packed_shape)), f"vc < {src.cg} and vx < {plan.g.w}",
                        value, f"T.{dt}(0)")
 
@@ -558,13 +563,14 @@ def _render_paired_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     """The pack of a paired plan (paired): P's rows, as flat runs of values (PF), zeroed, then the
     data's rows copied in at the padding's offset, widened less the zero point, as far as the
     windows read (paired_copy). Channels-last, a row of the data is one run too (DF), so the copy
-    is a contiguous one."""
+    is a contiguous one. Two passes rather than one with a bounds check per value, which does not
+    vectorize (the space-to-depth pack measured that: 0.25 ms on the stem)."""
     src = plan.source
     n, _, hp, wp, cp = plan.packed_shape
     top, left, c = src.pad[0], src.pad[1], src.c
     rows, values = paired_copy(plan)
     x = "DF[vn, vy, vi]" if plan.nhwc else f"D[vn, vi % {c}, vy, vi // {c}]"
-    value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+    value = _widened(x, zp)
     return [f"    for n, y, f in T.grid({n}, {hp}, {wp * cp}):",
             "        with T.sblock('pad'):",
             "            vn, vy, vf = T.axis.remap('SSS', [n, y, f])",
@@ -625,7 +631,7 @@ def _render_winograd_pack(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     top, left = src.pad[0], src.pad[1]
     inside = f"{top} <= vy and vy < {top + src.h} and {left} <= vx and vx < {left + src.w}"
     x = f"D[vn, vy - {top}, vx - {left}, vc]" if plan.nhwc else f"D[vn, vc, vy - {top}, vx - {left}]"
-    value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+    value = _widened(x, zp)
     L = padded_pack(4, "S", list(zip("nyxc", winograd_source_shape(plan))), inside, value, "T.int16(0)",
                     block="pad")
     t = f"(vy * {plan.g.w} + vx)"
@@ -925,7 +931,7 @@ def _render_depthwise_rows(plan: Int8Plan, dtype: str, zp: int) -> list[str]:
     col = f"vq * {sw} + vp"
     inside = f"{top} <= vy and vy < {top + g.h} and {left} <= {col} and {col} < {left + g.w}"
     x = f"D[vn, vc, vy - {top}, {col} - {left}]"
-    value = f"T.Cast('int16', {x})" + (f" - T.int16({zp})" if zp else "")
+    value = _widened(x, zp)
     L = _header(plan, dtype) + padded_pack(4, "P", list(zip("ncpyq", plan.packed_shape)), inside, value, "T.int16(0)")
     tap = f"vs * {dw}"
     L += [

@@ -1,27 +1,5 @@
-"""Whole models: every float32 conv2d of a Relax module on our kernels, blocked end to end.
-
-`optimize(mod, target, params)` (or `optimize_pass(...)` inside a user's own pipeline):
-  1. binds `params` (weights given as function inputs become constants) and folds inference
-     batch norms into the preceding convs' weights and bias (batchnorm.py; where no conv
-     precedes one, into a scale and shift),
-  2. converts the float32 convs with static shapes to NCHW16c data / OIHW16i16o weights with
-     TVM's ConvertLayout, which carries the elementwise ops between them into the blocked
-     layout and leaves one layout transform at the model's entry and one at its exit (every
-     other conv, and ops such as conv2d_transpose, keep their layouts: `_desired_layouts`);
-     FoldConstant packs the weights then, at compile time, into exactly our weight layout,
-  3. replaces each conv2d by a `call_tir` of our tensorized PrimFunc (one per distinct layer
-     geometry and post-ops, shared by the layers that repeat it), with algorithm="auto"
-     (Winograd weights transformed here, once),
-  4. folds what follows a conv into its output tiles' store (oneDNN's post-ops): the chain
-     conv2d -> [add(per-channel constant: bias)] -> [add(tensor of the output's shape:
-     residual)] -> [relu | clip | maximum with 0 | maximum then minimum with constants], where
-     each intermediate value has no other user (clips are split into maximum and minimum
-     first, which ConvertLayout can carry through the blocked layout and it cannot a clip).
-  5. lowers every other op with TVM's legalization and schedules it (rest.py: pools, the mean,
-     the classifier's matmul, adds that follow no conv, the edge layout transforms: vectorized
-     and parallel), unless `lower=False`, which returns the Relax graph of steps 1-4.
-Compile the result with `tvm.compile(mod, target=Target(...))` (`build` does both steps) and
-run it on `relax.VirtualMachine`.
+"""Whole models: every float32 conv2d of a Relax module on our kernels (the pipeline around this
+pass, steps 1-5: pipeline.py).
 
 Which ops run where (one log line each on the "tvm_microkernels.relax" logger, and one dict
 each in the `report` list when one is passed: "op" is "conv2d" for a conv, else the lowered
@@ -44,21 +22,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
-from tvm.sym import Analyzer
 
 from microkernels import DEFAULT_TILES
 
-from ..common import cache, parallel
-from ..common.targets import float_isa, int_isa, int_target, resolve, thread_count
+from ..common import parallel
+from ..common.targets import resolve
 from ..conv import (
     ConvParams,
     Geometry,
@@ -70,10 +45,6 @@ from ..conv import (
 )
 from ..conv.geometry import block_diagonal, depthwise, lane_groups
 from . import exprs
-from .batchnorm import fold_batch_norm
-from .fold import fold_layout_transforms, read_tuple_items
-from .int8 import qdq_convs
-from .rest import schedule_rest
 
 LOG = logging.getLogger("tvm_microkernels.relax")
 
@@ -83,6 +54,7 @@ _RELU = tvm.ir.Op.get("relax.nn.relu")
 _CLIP = tvm.ir.Op.get("relax.clip")
 _MAX = tvm.ir.Op.get("relax.maximum")
 _MIN = tvm.ir.Op.get("relax.minimum")
+_LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 
 
 @dataclass
@@ -207,7 +179,7 @@ def _fuse_chain(conv: _Conv, var, users: dict, uses: dict, block: int, claimed) 
 
 
 @expr_functor.mutator
-class _SplitClips(PyExprMutator):
+class SplitClips(PyExprMutator):
     """clip(x, lo, hi) with constant bounds -> minimum(maximum(x, lo), hi). ConvertLayout has no
     layout rule for clip and would un-block the tensor around it; it carries these two
     elementwise ops through the blocked layout, and the fusion folds them back into a clip."""
@@ -474,275 +446,8 @@ def _func_name(g: Geometry, plan, post: PostOps) -> str:
             f"p{'x'.join(map(str, g.pad))}d{g.dilation[0]}x{g.dilation[1]}g{g.groups}{fused}")
 
 
-def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report, autotune=False) -> tvm.IRModule:
-    swap = _Swap(mod, target, algorithm, threads, fuse, report, autotune)
-    mod = exprs.mutate(mod, swap, swap.plan)
-    cancel = _CancelTransforms(mod)
-    return relax.transform.DeadCodeElimination()(exprs.mutate(mod, cancel, cancel.prepare))
-
-
-_LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
-_POOLS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d"))
-
-
-def _undoes(outer, inner) -> bool:
-    """Whether layout_transform `outer` exactly undoes `inner`: neither pads, and the analyzer
-    proves that their composed index maps give back every index of the original shape."""
-    shape = exprs.shape(inner.args[0])
-    return shape is not None and shape == exprs.shape(outer) and _inverse(inner, outer, shape)
-
-
-def _inverse(inner, outer, shape: tuple) -> bool:
-    """Whether `outer`'s index map undoes `inner`'s over every index of `shape` (the shape of
-    whatever `inner` applies to: it may differ from what `inner` was given, in a dimension
-    neither map mixes with another), and neither transform pads."""
-    if inner.attrs.pad_value is not None or outer.attrs.pad_value is not None:
-        return False
-    given, between = exprs.shape(inner.args[0]), exprs.shape(inner)
-    # More elements in between means implicit padding (values left unspecified), which the
-    # outer map would write over the round trip's.
-    if given is None or between is None or math.prod(between) != math.prod(given):
-        return False
-    there, back = inner.attrs.index_map, outer.attrs.index_map
-    if len(there.initial_indices) != len(shape) or len(back.initial_indices) != len(there.final_indices):
-        return False
-    # Sample indices cannot tell the identity from a permutation that fixes them (a transpose
-    # of a square map fixes its diagonal), so the composition is proved over the whole range.
-    analyzer = Analyzer()
-    for v, extent in zip(there.initial_indices, shape):
-        dtype = str(v.ty)
-        analyzer.bind(v, tvm.ir.Range.from_min_extent(tvm.tirx.const(0, dtype), tvm.tirx.const(extent, dtype)))
-    composed = back.map_indices(list(there.final_indices), analyzer)
-    return len(composed) == len(shape) and \
-        all(analyzer.can_prove_equal(e, v) for e, v in zip(composed, there.initial_indices))
-
-
-@expr_functor.mutator
-class _CancelTransforms(PyExprMutator):
-    """y = layout_transform(layout_transform(x, there), back) -> y = x. Our NCHW convs (the stem,
-    depthwise layers) come wrapped in transforms to and from NCHW16c, and ConvertLayout's blocked
-    neighbours add the opposite ones: these pairs cancel, and the blocked layout runs through.
-    A pool between such a pair (ResNet's max pool after its 3-channel stem, which ConvertLayout
-    saw in NCHW) runs in the blocked layout instead: back(pool(there(x))) -> pool(x), NCHW{b}c."""
-
-    def __init__(self, mod):
-        super().__init__(mod)
-        self.transforms: dict = {}  # var -> its layout_transform call (after remapping)
-        self.pools: dict = {}  # var -> its NCHW pool call (after remapping)
-        self.uses: dict = {}
-
-    def prepare(self, func: relax.Function) -> None:
-        self.uses = exprs.uses(func)
-
-    def visit_var_binding_(self, binding):
-        value = self.visit_expr(binding.value)
-        if exprs.is_call(value, _LAYOUT_TRANSFORM):
-            src = value.args[0]
-            inner = self.transforms.get(src)
-            if inner is not None and _undoes(value, inner):
-                self.builder_.emit_normalized(relax.VarBinding(binding.var, inner.args[0]))
-                return
-            pooled = self._blocked_pool(src, value)
-            if pooled is not None:
-                self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(pooled)))
-                return
-            self.transforms[binding.var] = value
-        elif any(exprs.is_call(value, op) for op in _POOLS) and str(value.attrs.layout) == "NCHW" and \
-                str(value.attrs.out_layout) == "NCHW":
-            self.pools[binding.var] = value
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
-
-    def _blocked_pool(self, src, back):
-        """pool(x) in x's blocked layout, when `back` re-blocks the output of an NCHW pool
-        (whose only user it is) of `there(x)`, and `back` undoes `there`."""
-        pool = self.pools.get(src)
-        if pool is None or self.uses.get(src, 0) != 1:
-            return None
-        there = self.transforms.get(pool.args[0])
-        x = there.args[0] if there is not None else None
-        shape = exprs.shape(x) if x is not None else None
-        if shape is None or len(shape) != 5 or exprs.shape(back) is None or \
-                exprs.shape(back)[-1] != shape[-1] or not _inverse(there, back, shape):
-            return None
-        a = pool.attrs
-        layout = f"NCHW{shape[-1]}c"
-        op = relax.op.nn.max_pool2d if exprs.is_call(pool, _POOLS[0]) else relax.op.nn.avg_pool2d
-        return op(x, pool_size=a.pool_size, strides=a.strides, padding=a.padding, dilation=a.dilation,
-                  ceil_mode=bool(a.ceil_mode), count_include_pad=bool(a.count_include_pad), layout=layout,
-                  out_layout=layout)
-
-
-def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,
-                  report: list | None = None, lower: bool = True, autotune: bool = False) -> tvm.transform.Pass:
-    """Steps 2-5 of the module doc as one module pass (bind params before it). autotune: time
-    each conv layer's candidate plans on this host before choosing (conv2d's autotune=True;
-    a few seconds per distinct layer not timed before, kept for later builds)."""
-    isa = resolve(target)
-    if isa.arch != "x86":
-        raise ValueError(f"the Relax integration runs the x86 float32 conv2d; target {target!r} is {isa.arch}")
-    if algorithm not in ("auto", "direct"):
-        raise ValueError(f"algorithm must be 'auto' or 'direct' inside a model, got {algorithm!r}")
-    if not isinstance(autotune, bool):
-        raise TypeError(f"autotune must be True or False, got {autotune!r}")
-    if autotune and algorithm != "auto":
-        raise ValueError("autotune=True chooses each layer's algorithm: use algorithm='auto'")
-    threads = thread_count(threads)
-    block = DEFAULT_TILES[isa.name][1]
-    report = [] if report is None else report
-
-    @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
-    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = read_tuple_items(mod)
-        mod = qdq_convs(mod, target, threads, report)
-        mod = _fold_batch_norms(mod, report)
-        mod = exprs.mutate(mod, _SplitClips(mod))
-        mod = tvm.transform.Sequential([
-            relax.transform.ConvertLayout({}, layout_cb=functools.partial(_desired_layouts, block=block)),
-            relax.transform.Normalize(),
-        ])(mod)
-        mod = fold_layout_transforms(mod)  # the weights' transforms, in numpy: FoldConstant builds one module each
-        mod = tvm.transform.Sequential([
-            relax.transform.FoldConstant(),
-            # The residual input's own copy of the entry transform is the same expression.
-            relax.transform.EliminateCommonSubexpr(),
-        ])(mod)
-        mod = _swap(mod, target, algorithm, threads, fuse, report, autotune)
-        return _lower_rest(mod, threads, report) if lower else mod
-
-    return run
-
-
-def _desired_layouts(call: relax.Call, block: int) -> dict:
-    """ConvertLayout's choice per call: NCHW{block}c for a float32 conv2d with static shapes in
-    NCHW/OIHW, the layouts it has for any other op that names them (a float16 or symbolic-batch
-    conv, conv2d_transpose), so ConvertLayout hands those NCHW data and they stay TVM's to lower
-    (the report says so) instead of meeting a blocked tensor no lowering takes."""
-    name, a = call.op.name, call.attrs
-    if name == "relax.nn.conv2d" and exprs.dtype(call.args[0]) == exprs.dtype(call.args[1]) == "float32" \
-            and exprs.shape(call.args[0]) and exprs.shape(call.args[1]) \
-            and (a.data_layout, a.kernel_layout) == ("NCHW", "OIHW"):
-        return {name: [f"NCHW{block}c", f"OIHW{block}i{block}o"]}
-    if hasattr(a, "data_layout") and hasattr(a, "kernel_layout"):
-        return {name: [a.data_layout, a.kernel_layout]}
-    return {}
-
-def _fold_batch_norms(mod: tvm.IRModule, report: list) -> tvm.IRModule:
-    folds: list = []
-    mod = fold_batch_norm(mod, folds)
-    for f in folds:
-        into = {"conv2d": "into the conv's weights and bias", "scale_shift": "into a scale and shift"}
-        report.append({"op": "batch_norm", "runs_on": "folded" if f["folded_into"] else "kept",
-                       "reason": into.get(f["folded_into"], f["reason"])})
-    return mod
-
-
-def _lower_rest(mod: tvm.IRModule, threads, report: list) -> tvm.IRModule:
-    rest: list = []
-    mod = schedule_rest(mod, threads, rest)
-    for r in rest:
-        LOG.info("%s: %s (%s)", r["op"], r["runs_on"], r["reason"])
-    report += rest
-    return mod
-
-
-def optimize(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
-             fuse: bool = True, report: list | None = None, lower: bool = True, autotune: bool = False) -> tvm.IRModule:
-    """The module doc's steps on `mod`; `params` maps "main"'s parameter names to numpy or TVM
-    arrays. `report`, when given a list, receives one dict per conv2d (where it runs, why).
-    autotune: time each conv layer's candidate plans on this host first (optimize_pass)."""
-    return optimize_pass(target, algorithm, threads, fuse, report, lower, autotune)(_bound(mod, params))
-
-
-def _bound(mod: tvm.IRModule, params: dict | None) -> tvm.IRModule:
-    """`mod` with `params` bound as constants of main (checked_params first)."""
-    return relax.transform.BindParams("main", checked_params(mod, params))(mod) if params else mod
-
-
-def checked_params(mod: tvm.IRModule, params: dict) -> dict:
-    """`params` as TVM tensors, each checked against main's parameter of that name: it must
-    exist, and a numpy array or TVM tensor must have its dtype and shape (a symbolic dimension
-    takes any size). Lists and scalars take the declared dtype. TVM's BindParams would fail on
-    a wrong name with an internal check, and bind a wrong shape silently."""
-    sig = {p.name: p.ty for p in mod["main"].params}
-    unknown = sorted(set(params) - set(sig))
-    if unknown:
-        raise ValueError(f"params {unknown} name no parameter of main; its parameters are {sorted(sig)}")
-    out = {}
-    for name, v in params.items():
-        want = sig[name]
-        if not isinstance(want, relax.TensorType):
-            raise ValueError(f"params[{name!r}]: main's {name} is not a tensor ({want}), so it cannot be bound")
-        if isinstance(v, tvm.runtime.Tensor):
-            arr_dtype, arr_shape = str(v.dtype), tuple(v.shape)
-        else:
-            v = v if isinstance(v, np.ndarray) else np.asarray(v, str(want.dtype))
-            arr_dtype, arr_shape = str(v.dtype), v.shape
-        if arr_dtype != str(want.dtype):
-            raise ValueError(f"params[{name!r}] has dtype {arr_dtype}, main's {name} is {want.dtype}")
-        dims = [d.value if isinstance(d, tvm.tirx.IntImm) else None for d in getattr(want.shape, "values", want.shape)] \
-            if want.shape is not None else None
-        if dims is not None and (len(dims) != len(arr_shape)
-                                 or any(d is not None and d != a for d, a in zip(dims, arr_shape))):
-            shown = "(" + ", ".join("?" if d is None else str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
-            raise ValueError(f"params[{name!r}] has shape {arr_shape}, main's {name} is {shown}")
-        out[name] = v if isinstance(v, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(v))
-    return out
-
-
-def llvm_target(target="native", quantized: bool = False) -> tvm.target.Target:
-    """The Target a Relax build wants (an object, not the dict a PrimFunc build takes): the
-    user's own when they pass one (its mcpu tunes the rest of the model), else the preset's.
-    quantized: a model with our int8 convs, whose tiles need the integer ISA's features (VNNI)
-    in the target the whole module is compiled for: the integer tiles' target then."""
-    if isinstance(target, tvm.target.Target):
-        resolve(target)  # refuses a target no kernel family serves
-        return target
-    isa = resolve(target)
-    if quantized and isa.arch == "x86":
-        return tvm.target.Target(int_target(int_isa(target, isa)))
-    return tvm.target.Target(float_isa(isa).target)
-
-
-def is_quantized(mod: tvm.IRModule) -> bool:
-    """Whether `mod` holds a QuantizeLinear (relax.quantize): a QDQ model, whose convs run ours in int8."""
-    found = []
-    op = tvm.ir.Op.get("relax.quantize")
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(op):
-            found.append(expr)
-
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return bool(found)
-
-
-def build(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
-          fuse: bool = True, report: list | None = None, autotune: bool = False):
-    """optimize, then tvm.compile for the target: an executable for relax.VirtualMachine. With
-    the compile cache on (schedules/common/cache.py), a model built before, by any process,
-    with the same graph, weights and options is loaded from it instead (a runtime.Module,
-    which relax.VirtualMachine takes the same way); `report` then gets the first build's.
-    autotune: optimize's (each conv layer's plans timed on this host first)."""
-    mod = _bound(mod, params)
-    llvm = llvm_target(target, is_quantized(mod))
-    key = functools.partial(cache.key, "model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name),
-                            algorithm, threads, fuse, autotune)
-    k = key() if cache.enabled() else None
-    hit = cache.load_library(k) if k else None
-    if hit is not None:
-        lib, meta = hit
-        LOG.info("model loaded from the compile cache (%s)", k)
-        if report is not None:
-            report += meta["report"]
-        return lib
-    ops: list = []
-    ex = tvm.compile(optimize(mod, target, None, algorithm, threads, fuse, ops, autotune=autotune), target=llvm)
-    if report is not None:
-        report += ops
-    if k and autotune:  # under the measurements it was built with, which autotune may have added to
-        k = key()
-    if k:
-        cache.put_library(k, ex, {"report": ops})
-    return ex
+def swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report, autotune=False) -> tvm.IRModule:
+    """Each conv2d we cover replaced by a call of our scheduled PrimFunc, with what it fuses
+    (the module doc)."""
+    mutator = _Swap(mod, target, algorithm, threads, fuse, report, autotune)
+    return exprs.mutate(mod, mutator, mutator.plan)

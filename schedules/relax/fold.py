@@ -11,7 +11,7 @@ number, leave the call to FoldConstant.
 
 TVM's torch frontend imports max_pool2d (torch.export's max_pool2d_with_indices) as a tuple of
 the pool and a constant, then takes item 0. That detour hid the pool from the pass that cancels
-the layout transforms around it (conv2d.py), which left ResNet's stem pool unblocked in a
+the layout transforms around it (cancel.py), which left ResNet's stem pool unblocked in a
 model as a user exports it: 4.4 ms of transforms at batch 8. `t = (a, b); y = t[0]` becomes `y = a`.
 """
 

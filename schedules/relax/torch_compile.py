@@ -11,7 +11,7 @@ torch finds it by name without an import. Per captured FX graph:
      (`dynamic=True` does so with batch norm's eps) are taken at the call being compiled;
   2. the graph, with the frozen tensors as buffers of a wrapper module, goes through
      torch.export (functionalized), `tvm.relax.frontend.torch.from_exported_program(
-     keep_params_as_input=False)` and `build` (conv2d.py: `optimize` and `tvm.compile`, or the
+     keep_params_as_input=False)` and `build` (pipeline.py: `optimize` and `tvm.compile`, or the
      compile cache's copy of the same module), and runs on `relax.VirtualMachine`;
   3. calls pass torch tensors to the VM and back through DLPack, without copies: an input that is
      not contiguous or not 64-byte aligned (TVM's DLPack import refuses both) is copied into an
@@ -60,7 +60,7 @@ import tvm
 from tvm import relax
 
 from ..common.targets import set_threads, thread_count
-from .conv2d import build, llvm_target, optimize_pass
+from .pipeline import build, llvm_target, optimize_pass
 
 LOG = logging.getLogger("tvm_microkernels.torch")
 

@@ -58,3 +58,21 @@ def padded_pack(indent: int, dst: str, loops: list[tuple[str, int]], inside: str
 def parse(lines: list[str], **names):
     """The PrimFunc of a template's lines; `names` are Python values the text refers to."""
     return script.parse("\n".join(lines) + "\n", **names)
+
+
+def has_block(sch, name: str) -> bool:
+    """Whether the schedule's function has a block of that name."""
+    try:
+        sch.get_sblock(name)
+    except Exception:  # noqa: BLE001 (TVM raises its own error type for a missing block)
+        return False
+    return True
+
+
+def vectorize_whole(sch, loop, extent: int) -> None:
+    """Vectorize `loop` (of `extent`) by the widest of 16, 8, 4 lanes that divides it, or leave it:
+    TIR leaves a vector loop with a predicated tail scalar, and vectorizes a store past the
+    predicate that crops it."""
+    lanes = next((v for v in (16, 8, 4) if extent % v == 0), None)
+    if lanes:
+        sch.vectorize(sch.split(loop, [None, lanes])[1])

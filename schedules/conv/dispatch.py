@@ -82,7 +82,7 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     (F(tile x tile, 3 x 3); 3x3 kernels, stride 1, dilation 1, groups 1 only). Quantized
     (x86): "auto" runs 3x3 stride-1 layers on the int16 upcast (hosts
     without VNNI) as exact integer Winograd F(2x2, 3x3), "direct" never, "winograd" or an error
-    saying why it does not apply (conv.int8.winograd).
+    saying why it does not apply (conv.int8.forms.winograd).
     autotune (x86 float32, algorithm "auto"): time the layer's candidate plans on this host
     first (a few seconds, once per layer and thread count: the result is kept, see
     common/tuned.py) and run the fastest; op.plan["source"] then names the measurements.

@@ -411,7 +411,7 @@ class _QdqConvs(PyExprMutator):
             x = self.builder_.emit(relax.op.reshape(chain.x, (params.data_shape[0], 1, 1, params.data_shape[1])))
         else:
             x = self.builder_.emit(relax.op.permute_dims(chain.x, TO_NHWC))
-        # The module may take the layer's data or output flattened (conv.int8.flat_geometry, a
+        # The module may take the layer's data or output flattened (conv.int8.forms.direct.flat_geometry, a
         # subsampled 1x1 layer's output): the same memory.
         flat_in, flat_out = op.plan.data_shape != op.data_shape, op.plan.out_shape != op.out_shape
         if flat_in:

@@ -320,7 +320,7 @@ def test_channels_last_1x1_reads_the_data_in_place():
 @pytest.mark.parametrize("stride, groups, n", [(2, 1, 1), (3, 2, 2), ((2, 1), 1, 2)])
 def test_strided_1x1_layer_runs_on_its_subsampled_pixels(target, stride, groups, n):
     """A channels-last strided 1x1 layer is the stride-1 layer on its strided pixels, packed into
-    one row (conv.int8.subsampled): the same values as NCHW's, with a fused residual add, the
+    one row (conv.int8.forms.subsampled): the same values as NCHW's, with a fused residual add, the
     user's shapes kept; a padded one keeps its rows."""
     run = _run_args(target)
     rng = np.random.default_rng(8)
@@ -400,7 +400,7 @@ def test_channels_last_depthwise_float_taps_are_exact(dtype, weight_dtype):
 @pytest.mark.parametrize("target", ["x86-avx2", "x86-avx512"])
 def test_winograd_is_the_exact_conv(target):
     """3x3 stride-1 layers on the int16 upcast run as Winograd F(2x2, 3x3) in
-    integers (conv.int8.winograd): int32 outputs equal the int64 reference bit for bit over odd
+    integers (conv.int8.forms.winograd): int32 outputs equal the int64 reference bit for bit over odd
     and even sizes (partial 2x2 tiles at the edges), asymmetric padding, both zero points,
     batches, channel counts that pad to the tile and both layouts; requantized with bias, ReLU
     and a fused residual add, equal to the direct conv's output. On two threads."""
@@ -480,7 +480,7 @@ def test_winograd_goes_only_where_it_applies(shape, kw, why):
 @pytest.mark.parametrize("target", ["x86-avx2", "x86-avx512"])
 def test_odd_channels_at_an_even_stride_run_as_pairs_of_values(target):
     """Odd channel counts whose stride starts each window on an even value of the padded row
-    (conv.int8.paired: ResNet's 3-channel stem at stride 2) run on the upcast as the conv over the
+    (conv.int8.forms.paired: ResNet's 3-channel stem at stride 2) run on the upcast as the conv over the
     rows read as pairs of values: int32 outputs equal the int64 reference bit for bit over 1 to 7
     channels, kernels of 2 to 7 columns, strides and paddings (rows and columns left unread by the
     stride included), both zero points, batches and both layouts; requantized with bias, ReLU and a

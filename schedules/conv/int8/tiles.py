@@ -13,7 +13,7 @@ else in the family names an ISA's tile.
     avxvnni     vpdpbusd, uint8 x int8           4       avx2                   x86_tile         16448 (MAX_K_VNNI)
     avx512vnni  vpdpbusd, uint8 x int8           4       avx512                 x86_tile         16448
     amxint8     tdpbusd, uint8 x int8            64      avx512                 amx_tile, or the avx512vnni tile
-                                                                                                  32767
+                                                                                                  16448
 (`python -c "from schedules.conv.int8 import tiles; print(tiles.table())"` prints it from the entries.)
 """
 
@@ -43,6 +43,7 @@ MAX_K_DOT = (2**31 - 1) // (4 * 128 * 128)  # 32767
 MAX_K_VNNI = (2**31 - 1) // (4 * 255 * 128)  # 16448
 SDOT_BOUND = "sdot expansion (four terms, each up to 128*128*K)"
 VNNI_BOUND = "vpdpbusd expansion (four terms, each up to 255*128*K)"
+AMX_BOUND = "tdpbusd expansion (four terms, each up to 255*128*K)"  # uint8 x int8 as vpdpbusd
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ X86_TILES = {
     AVX512.name: IsaTiles("vpmaddwd on x - zp_x and w - zp_w packed as int16 (the upcast)", AVX512, "cost"),
     AVX_VNNI.name: IsaTiles("vpdpbusd on uint8 x int8 as they are", AVX2, "cost", MAX_K_VNNI, VNNI_BOUND),
     AVX512_VNNI.name: IsaTiles("vpdpbusd on uint8 x int8 as they are", AVX512, "cost", MAX_K_VNNI, VNNI_BOUND),
-    AMX_INT8.name: IsaTiles("tdpbusd on uint8 x int8 as they are", AVX512, "amx", MAX_K_DOT, SDOT_BOUND,
+    AMX_INT8.name: IsaTiles("tdpbusd on uint8 x int8 as they are", AVX512, "amx", MAX_K_VNNI, AMX_BOUND,
                             fallback=AVX512_VNNI),
 }
 TILES = {**ARM_TILES, **X86_TILES}

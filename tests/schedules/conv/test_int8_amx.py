@@ -18,7 +18,7 @@ from microkernels import AMX_INT8
 from microkernels.int_amx import AmxGemmKernel
 from microkernels.int_gemm import IntGemmKernel
 from schedules.common.tir import ceil_to
-from schedules.conv.int8 import AMX_MAX_PADDING, amx_padded_channels
+from schedules.conv.int8 import AMX_MAX_PADDING, MAX_K_VNNI, amx_padded_channels
 
 from ... import conv_reference
 from ...testers.int_gemm import requantize
@@ -44,6 +44,24 @@ def test_layers_with_whole_64_deep_steps_take_amx_and_the_rest_vnni():
         assert isinstance(p.kern, IntGemmKernel) and p.kern.isa.name == "avx512vnni", (c, k, p.why)
         assert amx_padded_channels(p.g) > AMX_MAX_PADDING * c
     assert isinstance(plan(64, 3, emulate=True).kern, IntGemmKernel)  # the Bochs CPU has no AMX
+
+
+def test_reduction_beyond_the_tdpbusd_bound_is_refused():
+    """tdpbusd multiplies uint8 by int8 as vpdpbusd does, so its expansion's terms (up to
+    255 * 128 * K each) bound the reduction as the VNNI tile's: a layer the AMX tiles take, with
+    C*KH*KW just past MAX_K_VNNI (16448) and within sdot's looser 32767, is refused, naming the
+    bound; one just within it plans on AMX."""
+    from schedules.conv import int8
+
+    def layer(c):
+        return (1, c, 4, 4), (16, c, 3, 3)
+
+    within, beyond = MAX_K_VNNI // 9 // 64 * 64, MAX_K_VNNI // 9 // 64 * 64 + 64  # whole 64-deep steps
+    assert within * 9 <= MAX_K_VNNI < beyond * 9 < int8.MAX_K_DOT
+    plan = schedules.conv2d(*layer(within), padding=1, dtype="uint8", target="x86-amx").plan
+    assert isinstance(plan.kern, AmxGemmKernel), plan.why
+    with pytest.raises(ValueError, match=f"exceeds {MAX_K_VNNI}, the longest the tdpbusd expansion"):
+        schedules.conv2d(*layer(beyond), padding=1, dtype="uint8", target="x86-amx")
 
 
 def test_tile_fits_the_output_row():

@@ -22,14 +22,14 @@ import numpy as np
 
 import schedules
 from schedules.common.targets import float_isa, int_isa, resolve, set_threads
-from schedules.common.timing import seconds_per_call, settle
 
 from . import peers
+from .turns import take_turns
 
 # The quantization of the bench's layers: activations uint8 around a zero point, weights int8
 # per output channel (symmetric, as onnxruntime.quantization writes them), output uint8.
 SX, ZX, SY, ZY = 0.02, 128, 0.05, 128
-ROUNDS = 2  # rounds of turns per layer and per network (module doc, _take_turns)
+ROUNDS = 2  # rounds of turns per layer and per network (module doc, turns.take_turns)
 # The tile column's note of a layer run in another form (Int8Plan.form): integer Winograd, pairs of values.
 FORM_TAGS = {"winograd": " wino", "paired": " pair"}
 
@@ -118,7 +118,7 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native", layout:
                     engines["OV"] = peers.openvino(path, q["x"], threads)
                     for name, e in engines.items():
                         turns[name] = e.run
-                secs = _take_turns(turns, threads, number, repeat, 0.3, ours=("int8", "f32"))
+                secs = take_turns(turns, threads, number, repeat, 0.3, ("int8", "f32"), ROUNDS)
                 got = f(x).astype(np.int32)
                 if layout == "NHWC":
                     got = got.transpose(0, 3, 1, 2)
@@ -143,21 +143,6 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native", layout:
     finally:
         tmp.cleanup()
     return out
-
-
-def _take_turns(turns: dict, threads: int, number: int, repeat: int, pause: float, ours: tuple) -> dict:
-    """Seconds per call of each engine in `turns` (name -> call): ROUNDS rounds of turns, each
-    engine's better median kept, a settling pause of `pause` s before each turn; the engines named
-    in `ours` run on TVM's pool, sized to `threads` before each of their turns."""
-    secs = {}
-    for _ in range(ROUNDS):
-        for name, call in turns.items():
-            settle(threads, pause)
-            if name in ours:
-                set_threads(threads)
-            s = seconds_per_call(call, number, repeat, cold=False)
-            secs[name] = min(secs.get(name, s), s)
-    return secs
 
 
 def _quick(call) -> float:
@@ -265,7 +250,7 @@ def run_network(name: str, thread_counts, repeat: int, log, target: str = "nativ
             engines = {"ORT": peers.onnx_runtime(path, x, threads), "OV": peers.openvino(path, x, threads)}
             xt = tvm.runtime.tensor(x)
             turns = {"ours": lambda xt=xt: vm["main"](xt), **{k: e.run for k, e in engines.items()}}
-            secs = _take_turns(turns, threads, 3, repeat, 0.5, ours=("ours",))
+            secs = take_turns(turns, threads, 3, repeat, 0.5, ("ours",), ROUNDS)
             best = min(secs["ORT"], secs["OV"])
             log(f"  {threads} thread(s): ours {1e3 * secs['ours']:.2f} ms, ORT {1e3 * secs['ORT']:.2f} ms, "
                 f"OV {1e3 * secs['OV']:.2f} ms; ours/best peer {secs['ours'] / best:.2f}")

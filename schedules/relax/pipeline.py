@@ -200,12 +200,13 @@ def is_quantized(mod: tvm.IRModule) -> bool:
 
 
 def build(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
-          fuse: bool = True, report: list | None = None, autotune: bool = False):
+          fuse: bool = True, report: list | None = None, autotune: bool = False, keys: list | None = None):
     """optimize, then tvm.compile for the target: an executable for relax.VirtualMachine. With
     the compile cache on (schedules/common/cache.py), a model built before, by any process,
     with the same graph, weights and options is loaded from it instead (a runtime.Module,
     which relax.VirtualMachine takes the same way); `report` then gets the first build's.
-    autotune: optimize's (each conv layer's plans timed on this host first)."""
+    autotune: optimize's (each conv layer's plans timed on this host first). keys: a list that
+    receives the cache key the model is kept under (nothing with the cache off)."""
     mod = _bound(mod, params)
     llvm = llvm_target(target, is_quantized(mod))
     key = functools.partial(cache.key, "model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name),
@@ -217,6 +218,8 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
         LOG.info("model loaded from the compile cache (%s)", k)
         if report is not None:
             report += meta["report"]
+        if keys is not None:
+            keys.append(k)
         return lib
     ops: list = []
     ex = tvm.compile(optimize(mod, target, None, algorithm, threads, fuse, ops, autotune=autotune), target=llvm)
@@ -226,4 +229,6 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
         k = key()
     if k:
         cache.put_library(k, ex, {"report": ops})
+        if keys is not None:
+            keys.append(k)
     return ex

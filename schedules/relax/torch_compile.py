@@ -50,15 +50,18 @@ optimize's per-op report, "seconds"), `last_report()` is the newest, `clear_repo
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import logging
 import time
 import warnings
+import weakref
 
 import torch
 import tvm
 from tvm import relax
 
+from ..common import cache
 from ..common.targets import set_threads, thread_count
 from .pipeline import build, llvm_target, optimize_pass
 
@@ -69,6 +72,7 @@ MAX_SHAPES = 8  # compiled modules per dynamic graph
 REFREEZES = 2  # recompiles after the frozen weights changed, per graph
 ALIGN = 64  # bytes: what tvm.runtime.from_dlpack requires of a tensor's data pointer
 _REPORTS: collections.deque = collections.deque(maxlen=256)
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # graph name -> its newest _Compiled
 _COUNTER = itertools.count(1)
 # Functional ops whose `training` argument switches on batch statistics or random dropout.
 _TRAINING_ARG = "training"
@@ -121,6 +125,14 @@ def last_report() -> dict | None:
 
 def clear_reports() -> None:
     _REPORTS.clear()
+
+
+def virtual_machine(graph: str):
+    """The relax.VirtualMachine a graph (reports()'s "graph" name) runs on, as compiled for its
+    newest input signature, while the compiled model is alive; else None. For profiling: its
+    "main" takes the graph's tensor inputs (the report's "inputs") as TVM tensors."""
+    compiled = _LIVE.get(graph)
+    return compiled.vm if compiled is not None else None
 
 
 class _Fallback(Exception):
@@ -263,6 +275,7 @@ class _Graph:
         if torch.is_grad_enabled() and any(args[i].requires_grad for i in self.static):
             self._once("frozen", "%s: grad mode is on, but the weights are frozen: outputs carry no grad")
         self.compiled[key] = compiled
+        _LIVE[self.name] = compiled
         self.frozen = [(i, args[i], _version(args[i]), args[i].data_ptr()) for i in self.static]
         return compiled
 
@@ -274,6 +287,12 @@ class _Graph:
     def _build(self, args, report: list) -> _Compiled:
         from tvm.relax.frontend.torch import from_exported_program
 
+        # A graph compiled before, by any process, with the same code, inputs, frozen values and
+        # options: its library from the compile cache, with no export, import or optimize.
+        gkey = self._graph_key(args) if cache.enabled() else None
+        hit = self._cached(gkey, report) if gkey else None
+        if hit is not None:
+            return hit
         wrapper = _Frozen(self.gm, self.kinds, args, self.output)
         user = tuple(_detached(args[i]) for i in self.tensors)
         with torch.no_grad(), warnings.catch_warnings():
@@ -287,11 +306,39 @@ class _Graph:
             mod = from_exported_program(ep, keep_params_as_input=False, run_ep_decomposition=False)
         # build: optimize + tvm.compile, or the compile cache's copy (the frozen weights are part
         # of the module, hence of its key), so a second process compiles nothing.
+        keys: list = []
         ex = build(mod, self.opts["target"], algorithm=self.opts["algorithm"], threads=self.opts["threads"],
-                   report=report, autotune=self.opts["autotune"])
+                   report=report, autotune=self.opts["autotune"], keys=keys)
         if not any(r.get("runs_on") == "ours" for r in report):
             raise _Fallback("nothing in it runs on our kernels")
+        if gkey and keys:  # the graph's entry names the model's (autotune: under its new measurements)
+            cache.put(self._graph_key(args) if self.opts["autotune"] else gkey, keys[0])
         vm = relax.VirtualMachine(ex, tvm.cpu())
+        return _Compiled(vm["main"], vm)
+
+    def _graph_key(self, args) -> str:
+        """The compile cache's key of this graph at these inputs: its code (dynamo writes the
+        ops and every Python constant into it), the kinds and shapes of its inputs, a digest of
+        the frozen tensors' values and of any tensor the graph module holds, the options."""
+        h = hashlib.blake2b(digest_size=20)
+        held = sorted(self.gm.state_dict(keep_vars=True).items())
+        for name, t in [(f"input {i}", args[i]) for i in self.static] + held:
+            t = _detached(t)
+            h.update(f"{name} {tuple(t.shape)} {t.dtype}\0".encode())
+            h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+        inputs = [(tuple(args[i].shape), str(args[i].dtype)) for i in self.tensors]
+        return cache.key("graph", self.gm.code, tuple(self.kinds), self._key(args), inputs, h.hexdigest(),
+                         sorted((k, str(v)) for k, v in self.opts.items()), torch.__version__)
+
+    def _cached(self, gkey: str, report: list) -> _Compiled | None:
+        model = cache.get(gkey)
+        hit = cache.load_library(model) if isinstance(model, str) else None
+        if hit is None:
+            return None
+        lib, meta = hit
+        LOG.info("%s loaded from the compile cache (%s)", self.name, model)
+        report += meta["report"]
+        vm = relax.VirtualMachine(lib, tvm.cpu())
         return _Compiled(vm["main"], vm)
 
     def _fall_back(self, reason: str) -> None:

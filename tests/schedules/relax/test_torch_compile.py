@@ -434,3 +434,43 @@ def test_a_torch_style_network_matches_eager():
     convs = [r for r in rep["ops"] if r["op"] == "conv2d"]
     assert len(convs) == sum(isinstance(m, nn.Conv2d) for m in model.modules())
     assert all(r["runs_on"] == "ours" for r in convs)
+
+
+# One compile in a fresh process: the model seeded by argv[1], an input of side argv[2], the
+# threads option argv[3]; prints "hit" where the graph came from the compile cache (its log line,
+# written to the file argv[4]), else "miss".
+_CACHED_GRAPH = """
+import logging, sys
+import torch
+logging.basicConfig(level=logging.INFO, filename=sys.argv[4], filemode="w")
+torch.manual_seed(int(sys.argv[1]))
+m = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                        torch.nn.Conv2d(16, 32, 1)).eval()
+x = torch.ones(1, 16, int(sys.argv[2]), int(sys.argv[2]))
+with torch.no_grad():
+    y = torch.compile(m, backend="microkernels", options={"threads": int(sys.argv[3])})(x)
+    assert torch.allclose(y, m(x), rtol=1e-4, atol=1e-4), float((y - m(x)).abs().max())
+logging.shutdown()
+print("hit" if "graph 1 loaded from the compile cache" in open(sys.argv[4]).read() else "miss")
+"""
+
+
+def test_a_compiled_graph_is_loaded_from_the_cache_by_a_new_process(tmp_path):
+    """The compile cache keeps each torch.compile graph under its code, inputs, frozen values
+    and options: a second process with the same model loads it (no export, import or optimize);
+    a changed weight, input shape or option compiles again, and each answer matches eager."""
+    import os
+
+    env = {**os.environ, "TVM_MICROKERNELS_CACHE": str(tmp_path / "cache")}
+
+    def run(seed, side, threads):
+        done = subprocess.run([sys.executable, "-c", _CACHED_GRAPH, str(seed), str(side), str(threads),
+                               str(tmp_path / "log")], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.split()[-1]
+
+    assert run(0, 12, 1) == "miss"
+    assert run(0, 12, 1) == "hit"
+    assert run(1, 12, 1) == "miss"  # other weights
+    assert run(0, 10, 1) == "miss"  # another shape
+    assert run(0, 12, 2) == "miss"  # another option

@@ -1,4 +1,5 @@
-"""Command line: `python -m microkernels bench gemm|conv2d|arm|accuracy|resnet50|mobilenet_v2|resnext50 [...]`,
+"""Command line: `python -m microkernels bench gemm|conv2d|arm|accuracy|resnet50|mobilenet_v2|resnext50|model|zoo
+[...]`,
 `tune`, `regen-asm`, `check-tools`."""
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ def _parse_layer(text: str) -> tuple[int, int]:
     if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"a layer is CxHW with positive ints (channels x map side), got {text!r}")
     return int(parts[0]), int(parts[1])
+
+
+def _parse_image(text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"an image shape is CxHxW with positive ints, e.g. 3x224x224, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def _add_workloads(parser) -> None:
@@ -138,6 +146,28 @@ def parser() -> argparse.ArgumentParser:
                                           "(default: yes, no with --peers)")
         r.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
         r.add_argument("--plot", metavar="FILE.png", help="also draw each engine's time per row (the plot extra)")
+    m = bsub.add_parser("model", help="any model (an ONNX file, torchvision:NAME, timm:NAME) vs ONNX Runtime, "
+                                      "OpenVINO (--peers) and PyTorch eager")
+    m.add_argument("source", help="an ONNX file's path, torchvision:NAME or timm:NAME (random seeded weights; "
+                                  "the zoo extra: pip install -e \".[zoo]\")")
+    m.add_argument("--batch", type=int, default=1, metavar="N", help="batch size (default 1)")
+    m.add_argument("--shape", type=_parse_image, default=None, metavar="CxHxW",
+                   help="the image's shape (default: the model's own, 3x224x224 for most)")
+    m.add_argument("--first-call", action="store_true",
+                   help="only build ours and time its first call, printed as one JSON line (bench zoo --first-calls)")
+    z = bsub.add_parser("zoo", help="bench model over a list of torchvision/timm classifiers: one table, the "
+                                    "geo-mean and the worst ratio")
+    z.add_argument("--models", nargs="+", default=None, metavar="SOURCE",
+                   help="model sources (default: benchmarks.zoo.DEFAULT, 13 classifiers of different families)")
+    z.add_argument("--first-calls", action="store_true",
+                   help="also each model's first call in new processes, cold (empty compile cache) and cached")
+    for cmd in (m, z):
+        cmd.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
+        cmd.add_argument("--threads", nargs="+", type=int, default=None, help="thread counts (default: 1 and all cores)")
+        cmd.add_argument("--repeat", type=int, default=10)
+        cmd.add_argument("--peers", action="store_true",
+                         help="also ONNX Runtime and OpenVINO (pip install -e \".[peers]\")")
+        cmd.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     t = sub.add_parser("tune", help="measure this host for the planners (tile rates, pack cost, Winograd "
                                     "against direct) and write schedules/common/tuned.py's file")
     t.add_argument("--target", default="native", help="x86-avx512, x86-avx2 or native")
@@ -211,7 +241,20 @@ def main(argv=None) -> int:
 
     from benchmarks import gemm
 
-    if args.what in ("resnet50", "mobilenet_v2", "resnext50"):
+    if args.what in ("model", "zoo"):
+        from benchmarks import model, zoo
+
+        if args.what == "model" and args.first_call:
+            print(model.FIRST_CALL + json.dumps(model.first_call(args.source, threads[-1], args.target)), flush=True)
+            return 0
+        if args.what == "model":
+            result = model.run(args.source, threads, log, args.batch, args.shape, args.peers, args.repeat, args.target)
+        else:
+            models = args.models or list(zoo.DEFAULT)
+            result = model.run_zoo(models, threads, log, args.peers, args.repeat, args.target)
+            if args.first_calls:
+                result["first_calls"] = model.first_calls(models, threads[-1], log, args.target)
+    elif args.what in ("resnet50", "mobilenet_v2", "resnext50"):
         from benchmarks import network
 
         if args.int8:

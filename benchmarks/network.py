@@ -139,16 +139,16 @@ def import_torch(model, x: np.ndarray):
         return from_exported_program(ep, keep_params_as_input=False)
 
 
-def _first(out):
+def first_output(out):
     """The torch frontend's main returns a tuple; the folded modules a tensor."""
     return out if hasattr(out, "numpy") else out[0]
 
 
-def _rel_diff(got: np.ndarray, want: np.ndarray) -> float:
+def rel_diff(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-def _summarize(report: list) -> str:
+def summarize(report: list) -> str:
     convs = [r for r in report if r.get("op", "conv2d") == "conv2d"]
     line = f"{sum(r['runs_on'] == 'ours' for r in convs)}/{len(convs)} conv2d on our kernels"
     left = {}
@@ -190,7 +190,7 @@ class _Case:
         # --autotune: "ours" on the shipped rules alone, beside the autotuned build
         with tuned.ignored() if options["autotune"] else contextlib.nullcontext():
             self.ours = _vm(tvm.compile(mkrelax.optimize(mod, target, report=self.report), target=llvm))
-        log(f"{self.tag} optimize + compile ours: {time.perf_counter() - t0:.1f} s; {_summarize(self.report)}")
+        log(f"{self.tag} optimize + compile ours: {time.perf_counter() - t0:.1f} s; {summarize(self.report)}")
         self.tuned = None
         if options["autotune"]:
             t0, tuned_report = time.perf_counter(), []
@@ -216,7 +216,7 @@ class _Case:
         return [peers.pytorch(self.torch_model, self.x_np, threads)]
 
     def check(self, name: str, got: np.ndarray, log) -> float:
-        err = _rel_diff(np.asarray(got), self.want)
+        err = rel_diff(np.asarray(got), self.want)
         log(f"{self.tag} {name} vs PyTorch: max |diff| / max |PyTorch| = {err:.2e}"
             + (f"  ABOVE {FLAG:g}" if err > FLAG else ""))
         return err
@@ -240,7 +240,7 @@ class _Case:
 SHORT = {"ONNX Runtime": "ORT"}
 
 
-def _log_breakdown(symbols: dict[str, float], row: dict, log) -> None:
+def log_breakdown(symbols: dict[str, float], row: dict, log) -> None:
     parts = breakdown(symbols)
     row["breakdown_ms"] = {k: v * 1e3 for k, v in parts.items()}
     total = sum(parts.values())
@@ -273,9 +273,9 @@ def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True
         ready = {}  # the engines at the first thread count, checked and named before the table
         for c in cases:
             result["report"][c.tag[1:-1]] = c.report
-            worst = max(worst, c.check("ours", _first(c.ours["main"](c.x)).numpy(), log))
+            worst = max(worst, c.check("ours", first_output(c.ours["main"](c.x)).numpy(), log))
             if c.tuned is not None:
-                worst = max(worst, c.check("autotuned", _first(c.tuned["main"](c.x)).numpy(), log))
+                worst = max(worst, c.check("autotuned", first_output(c.tuned["main"](c.x)).numpy(), log))
             ready[c.batch] = c.engines(threads[0])
             for e in ready[c.batch]:
                 if e.name not in result["engines"]:
@@ -318,7 +318,7 @@ def run(isa: Isa, threads: list[int], repeat: int, log, default_tvm: bool = True
                     line += f" {row['autotuned_over_ours']:>10.3f}"
                 log(line)
                 time.sleep(PAUSE)  # the last engine's idle workers spin, as between turns
-                _log_breakdown(profile(c.ours, c.x), row, log)
+                log_breakdown(profile(c.ours, c.x), row, log)
                 if c.batch > 1:
                     row["images_per_s"] = {n: c.batch / v * 1e3 for n, v in ms.items()}
                     log("        images/s: " + ", ".join(f"{SHORT.get(n, n)} {v:.1f}"

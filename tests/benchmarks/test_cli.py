@@ -210,3 +210,92 @@ def test_packaged_tables_load_and_unknown_ones_are_named():
     assert sum(layer.count for layer in grouped) == 16 and {layer.kind for layer in grouped} == {"other"}
     with pytest.raises(FileNotFoundError, match=r"'nope'.*resnet50_v1\.5"):
         conv2d.load_workloads("nope")
+
+
+@pytest.fixture(scope="module")
+def small_onnx(tmp_path_factory):
+    """A small conv net (conv, batch norm, ReLU, a strided conv, mean, Linear) exported to ONNX."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10)).eval()
+    path = tmp_path_factory.mktemp("onnx") / "small.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(1, 3, 32, 32),), str(path), dynamo=False, opset_version=17)
+    return path
+
+
+def _no_peers(tmp_path) -> dict:
+    """An environment in which onnxruntime and openvino fail to import (a user without the peers extra)."""
+    for pkg in ("onnxruntime", "openvino"):
+        (tmp_path / pkg).mkdir(exist_ok=True)
+        (tmp_path / pkg / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_bench_model_on_an_onnx_file_against_the_peers(clone, small_onnx):
+    """Ours through TVM's ONNX importer and schedules.relax.build, ONNX Runtime and OpenVINO on
+    the file, taking turns; outputs against ONNX Runtime's; the ratio; our breakdown by kind."""
+    out = cli(clone, "-m", "microkernels", "bench", "model", str(small_onnx), "--peers", "--threads", "1",
+              "--repeat", "1")
+    assert "1x3x32x32, 1 thread(s): first call" in out and "2/2 conv2d on our kernels" in out, out
+    assert "ONNX Runtime 1.32.0, precision float32" in out and "OpenVINO 2026.4.1, precision f32" in out, out
+    errs = out.split("max |diff| / max |ONNX Runtime|: ")[1].splitlines()[0]
+    assert float(errs.split("ours ")[1].split(",")[0]) < 1e-5, out
+    assert "ours/best peer" in out and "ours by kind: conv" in out, out
+
+
+def test_bench_model_without_the_peers_says_why(clone, small_onnx, tmp_path):
+    """Without the peers extra (their imports fail) and without --peers: ours alone, no ratio, no crash."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = f"{_no_peers(tmp_path)['PYTHONPATH']}:{clone}"
+    proc = subprocess.run([sys.executable, "-m", "microkernels", "bench", "model", str(small_onnx), "--peers",
+                           "--threads", "1", "--repeat", "1"], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2/2 conv2d on our kernels" in proc.stdout and "ours " in proc.stdout, proc.stdout
+    assert "ours/best peer" not in proc.stdout and "ONNX Runtime 1" not in proc.stdout, proc.stdout
+    out = cli(clone, "-m", "microkernels", "bench", "model", str(small_onnx), "--threads", "1", "--repeat", "1")
+    assert "ours/best peer" not in out and "OpenVINO 2026" not in out, out
+
+
+def test_bench_model_refuses_a_source_it_does_not_know(clone):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(clone)
+    cases = [("resnet50", "torchvision:NAME or timm:NAME"), ("missing.onnx", "no ONNX file")]
+    cases.append(("torchvision:no_such_net", "zoo extra" if _zoo_missing() else "has no model"))
+    for source, says in cases:
+        proc = subprocess.run([sys.executable, "-m", "microkernels", "bench", "model", source], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0 and says in proc.stderr, (source, proc.stderr[-2000:])
+
+
+def _zoo_missing() -> str | None:
+    from benchmarks import zoo
+
+    return zoo.missing("timm")
+
+
+def test_bench_model_and_zoo_on_a_torchvision_name(clone, small_onnx):
+    """A torchvision classifier by name (random seeded weights, nothing downloaded) through
+    torch.compile, against PyTorch eager; the zoo table over it and an ONNX file, with the
+    geo-mean; a first call as one JSON line."""
+    if _zoo_missing():
+        pytest.skip(_zoo_missing())
+    out = cli(clone, "-m", "microkernels", "bench", "zoo", "--models", "torchvision:squeezenet1_1", str(small_onnx),
+              "--threads", "1", "--repeat", "1")
+    assert "torchvision:squeezenet1_1 1x3x224x224, 1 thread(s): first call" in out, out
+    assert "26/26 conv2d on our kernels" in out and "outputs vs PyTorch" in out, out
+    err = float(out.split("max |diff| / max |PyTorch|: ours ")[1].split(",")[0].split()[0])
+    assert err < 1e-4, out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  torchvision:squeezenet1_1 ")]
+    assert len(rows) == 1 and float(rows[0][5]) > 0 and float(rows[0][6]) > 0, out  # eager ms, ours / eager
+    assert "1 thread(s): geo-mean" in out, out
+    first = cli(clone, "-m", "microkernels", "bench", "model", "torchvision:squeezenet1_1", "--first-call",
+                "--threads", "1")
+    record = json.loads(next(s for s in first.splitlines() if s.startswith("first-call: "))[len("first-call: "):])
+    assert record["model"] == "torchvision:squeezenet1_1" and record["first_call_s"] > 0, first

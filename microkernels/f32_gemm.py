@@ -165,7 +165,7 @@ def max_tiles(isa: Isa) -> list[tuple[int, int]]:
     return tiles
 
 
-# Chosen by measurement (README, "Choosing the tile"). AVX2: 6x16 led three of four sweeps
+# Chosen by measurement (docs/design/kernels.md, "Choosing the tile"). AVX2: 6x16 led three of four sweeps
 # here, at the FMA peak. AVX-512: a one-vector-wide tile lets
 # every broadcast fold into its FMA ({1to16}), so 28 accumulators fit beside the B vector, and
 # NR = 16 is the NCHW16c block of the convolutions; llvm-mca puts it at 96% of the FMA ports.

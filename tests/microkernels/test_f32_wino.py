@@ -66,7 +66,7 @@ def test_factored_program_is_the_matrix_and_cheaper(kind, m, rng):
 
 
 def test_op_counts_as_stated():
-    """The counts the README states per 1-D transform (factored vs dense): a change to the
+    """The counts docs/design/kernels.md states per 1-D transform (factored vs dense): a change to the
     factoring shows up here first."""
     got = {(k, m): (wino.program(k, m).count, wino.dense_ops(k, m)) for k in wino.KINDS for m in TILES}
     assert got == {

@@ -48,11 +48,6 @@ from .int8 import qdq_convs
 from .rest import schedule_rest
 
 
-def _swap(mod: tvm.IRModule, target, algorithm, threads, fuse, report, autotune=False) -> tvm.IRModule:
-    return cancel_transforms(swap(mod, target, algorithm, threads, fuse, report, autotune))
-
-
-
 def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,
                   report: list | None = None, lower: bool = True, autotune: bool = False) -> tvm.transform.Pass:
     """Steps 2-5 of the module doc as one module pass (bind params before it). autotune: time
@@ -87,7 +82,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
             # The residual input's own copy of the entry transform is the same expression.
             relax.transform.EliminateCommonSubexpr(),
         ])(mod)
-        mod = _swap(mod, target, algorithm, threads, fuse, report, autotune)
+        mod = cancel_transforms(swap(mod, target, algorithm, threads, fuse, report, autotune))
         return _lower_rest(mod, threads, report) if lower else mod
 
     return run
@@ -106,6 +101,7 @@ def _desired_layouts(call: relax.Call, block: int) -> dict:
     if hasattr(a, "data_layout") and hasattr(a, "kernel_layout"):
         return {name: [a.data_layout, a.kernel_layout]}
     return {}
+
 
 def _fold_batch_norms(mod: tvm.IRModule, report: list) -> tvm.IRModule:
     folds: list = []

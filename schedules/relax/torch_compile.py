@@ -63,6 +63,7 @@ from tvm import relax
 
 from ..common import cache
 from ..common.targets import set_threads, thread_count
+from .functional import functionalize
 from .pipeline import build, llvm_target, optimize_pass
 
 LOG = logging.getLogger("tvm_microkernels.torch")
@@ -299,11 +300,17 @@ class _Graph:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecation notice
             # Functionalized here rather than in the importer, so in-place updates of an input
             # or a buffer, which the VM would not make, show in the signature.
-            ep = torch.export.export(wrapper, user).run_decompositions()
-            sig = ep.graph_signature
-            if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
-                raise _Fallback("the graph mutates an input or buffer in place")
-            mod = from_exported_program(ep, keep_params_as_input=False, run_ep_decomposition=False)
+            # In-place ops on values nothing reads again become functional here (functional.py),
+            # which spares the second trace run_decompositions() takes; any other graph, or one
+            # with an op TVM's importer takes only decomposed, goes through it.
+            ep = torch.export.export(wrapper, user)
+            mod = _imported(ep) if functionalize(ep) else None
+            if mod is None:
+                ep = ep.run_decompositions()
+                sig = ep.graph_signature
+                if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
+                    raise _Fallback("the graph mutates an input or buffer in place")
+                mod = from_exported_program(ep, keep_params_as_input=False, run_ep_decomposition=False)
         # build: optimize + tvm.compile, or the compile cache's copy (the frozen weights are part
         # of the module, hence of its key), so a second process compiles nothing.
         keys: list = []
@@ -449,6 +456,18 @@ class _Frozen(torch.nn.Module):
                     raise _Fallback(f"the graph returns a {type(value).__name__}")
                 computed.append(value)
         return tuple(computed)
+
+
+def _imported(ep):
+    """TVM's import of `ep` as exported (no decomposition), or None where the importer takes one
+    of its ops only decomposed (its table names most ops at both levels)."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    try:
+        return from_exported_program(ep, keep_params_as_input=False, run_ep_decomposition=False)
+    except Exception as e:  # noqa: BLE001 (the importer asserts, or fails inside a converter)
+        LOG.debug("importing the graph undecomposed failed (%s); decomposing it first", _first_line(e))
+        return None
 
 
 def _rebuild(struct, leaf):

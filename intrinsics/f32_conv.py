@@ -25,13 +25,15 @@ the convolution schedule builds its blocks from it too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from microkernels import GemmKernel, TileError
 from microkernels.isa import normalize_ints
 
-from .templates import (DEFAULT_CLIP, Operand, element_body, f32, frame, free_stride, implementation_text, register_text,
-                        template)
+from . import registry
+from .templates import (DEFAULT_CLIP, SYMBOL, Operand, element_body, f32, frame, free_stride, implementation_text,
+                        register_text, specialized, template)
 
 def reduce_axes(nb: int, kh: int, kw: int, bi: int) -> list[tuple[str, int]]:
     """(name, extent) of a conv tile's reduction loops, outer to inner, without unit extents:
@@ -181,5 +183,14 @@ def implementation(tile: ConvTile) -> str:
 
 @functools.lru_cache(maxsize=None)
 def register_conv(tile: ConvTile) -> str:
-    """Register (once) the intrinsic for one conv tile geometry; return its name."""
-    return register_text(tile.name, description(tile), implementation(tile), tile.kern.llvm_ir())
+    """Register (once) the intrinsic for one conv tile geometry; return its name.
+
+    Tiles that differ only in the input-channel blocks they reduce over (DenseNet-121's 1x1
+    layers: 72 of its 144) share one parse: the text is rendered with templates.SYMBOL for nb
+    and specialized to each (a single block has no q loop, so another text)."""
+    ir = tile.kern.llvm_ir()
+    if tile.nb == 1:
+        return register_text(tile.name, description(tile), implementation(tile), ir)
+    model = dataclasses.replace(tile, nb=SYMBOL)
+    return registry.register(tile.name, specialized(description(model), tile.nb),
+                             specialized(implementation(model), tile.nb, kernel_ir=ir))

@@ -4,6 +4,8 @@ alike (the element body, the epilogue, the frame)."""
 import numpy as np
 import pytest
 import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tvm.script import parser
 from tvm.script import tirx as T
 
@@ -39,3 +41,49 @@ def test_an_epilogue_compiles_to_what_numpy_computes(act, clip):
     lib["main"](tvm.runtime.tensor(a), c)
     want = np.maximum(a, 0) if act == "relu" else np.clip(a, *clip)
     np.testing.assert_array_equal(c.numpy(), want)
+
+
+# Conv tiles of every kind the schedules make: both x86 ISAs, one or several column groups,
+# beta=0 or accumulating, each epilogue, 1x1 and 3x3, full and stem-like blocks, strides,
+# dilations, and several input-channel blocks (a single block has no q loop: parsed directly).
+@st.composite
+def _conv_tiles(draw):
+    from intrinsics import ConvTile
+    from microkernels import AVX2, AVX512, Epilogue, GemmKernel
+
+    isa = draw(st.sampled_from([AVX2, AVX512]))
+    nr, groups = draw(st.sampled_from([(isa.lanes, 0), (2 * isa.lanes, 0), (2 * isa.lanes, isa.lanes)]))
+    ep = draw(st.sampled_from([Epilogue(), Epilogue(bias=True, act="relu"), Epilogue(bias=True, residual=True),
+                               Epilogue(bias=True, residual=True, act="clip")]))
+    kern = GemmKernel(isa, draw(st.integers(2, 6)), nr, accumulate=draw(st.booleans()), batch_reduce=True,
+                      epilogue=ep, col_block=groups)
+    k = draw(st.sampled_from([(1, 1), (3, 3), (1, 7), (7, 1)]))
+    return ConvTile(kern, draw(st.integers(2, 80)), *k, draw(st.sampled_from([16, 8, 3])), draw(st.integers(1, 2)),
+                    *draw(st.sampled_from([(1, 1), (2, 2), (1, 3)])), draw(st.sampled_from([(0.0, 6.0), (-1.0, 1.5)])))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_conv_tiles())
+def test_a_specialized_conv_tile_is_what_parsing_its_own_text_gives(tile):
+    """register_conv parses a tile's text once for every count of input-channel blocks and
+    specializes it: each must be, structurally, the parse of the tile's own text."""
+    import dataclasses
+
+    import tvm_ffi
+
+    from intrinsics.f32_conv import description, implementation
+    from intrinsics.script import parse
+    from intrinsics.templates import SYMBOL, specialized
+
+    ir = tile.kern.llvm_ir()
+    model = dataclasses.replace(tile, nb=SYMBOL)
+    assert tvm_ffi.structural_equal(specialized(description(model), tile.nb), parse(description(tile)))
+    assert tvm_ffi.structural_equal(specialized(implementation(model), tile.nb, kernel_ir=ir),
+                                    parse(implementation(tile), kernel_ir=ir))
+
+
+def test_a_text_without_the_symbol_is_refused():
+    from intrinsics.templates import specialized
+
+    with pytest.raises(ValueError, match="SYMBOL"):
+        specialized("@T.prim_func(s_tir=True)\ndef f(a: T.handle):\n    T.evaluate(0)\n", 3)

@@ -20,8 +20,8 @@
   5. lowers every other op with TVM's legalization and schedules it (rest.py: pools, the mean,
      the classifier's matmul, adds that follow no conv, the edge layout transforms: vectorized
      and parallel), unless `lower=False`, which returns the Relax graph of steps 1-4.
-Compile the result with `tvm.compile(mod, target=Target(...))` (`build` does both steps) and
-run it on `relax.VirtualMachine`.
+Compile the result with `tvm.compile(mod, target=Target(...))` (`build` does both steps, its
+PrimFuncs' machine code made on every core: codegen.py) and run it on `relax.VirtualMachine`.
 
 Which ops run where: conv2d.py's module doc.
 """
@@ -42,6 +42,7 @@ from ..common.targets import float_isa, int_isa, int_target, resolve, thread_cou
 from . import exprs
 from .batchnorm import fold_batch_norm
 from .cancel import cancel_transforms
+from .codegen import compile_model
 from .conv2d import LOG, SplitClips, swap
 from .fold import fold_layout_transforms, read_tuple_items
 from .int8 import qdq_convs
@@ -218,7 +219,7 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
             keys.append(k)
         return lib
     ops: list = []
-    ex = tvm.compile(optimize(mod, target, None, algorithm, threads, fuse, ops, autotune=autotune), target=llvm)
+    ex = compile_model(optimize(mod, target, None, algorithm, threads, fuse, ops, autotune=autotune), llvm)
     if report is not None:
         report += ops
     if k and autotune:  # under the measurements it was built with, which autotune may have added to

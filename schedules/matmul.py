@@ -130,18 +130,20 @@ def _options(M: int, N: int, K: int, isa: Isa):
 
 
 def plan(M: int, N: int, K: int, isa: Isa, kernel: GemmKernel | None = None,
-         blocking: Blocking = Blocking()) -> Plan:
+         blocking: Blocking = Blocking(), split_rows: bool = True) -> Plan:
     """The tile, the K slicing, and whether A is packed, for the first rows of (M, N, K) on
-    one ISA: plan(...).M of them, the rest left to a tail op (matmul)."""
+    one ISA: plan(...).M of them, the rest left to a tail op (matmul); with split_rows=False,
+    every row (A packed where MR does not divide M)."""
     tiles, _, source = rates(isa)
-    split = True  # a given kernel splits off the rows its MR does not divide
+    split = split_rows  # a given kernel splits off the rows its MR does not divide
     if kernel is None:
         nr = tiles[0][1]
         # A few rows (a tail op's, say): one tile of exactly M, where the registers hold it.
         if 2 <= M <= max(t[0] for t in tiles) + 1 and registers_needed(isa, M, nr) <= isa.vector_registers:
             kernel = GemmKernel(isa, M, nr)
         else:
-            _, (mr, nr), how = min(_options(M, N, K, isa), key=lambda o: o[0])
+            _, (mr, nr), how = min((o for o in _options(M, N, K, isa) if split_rows or o[2] != "tail"),
+                                   key=lambda o: o[0])
             kernel, split = GemmKernel(isa, mr, nr), how == "tail"
     # As few K slices as keep a B panel in L2, and a count that divides K where one close by
     # does: slices that overhang K need a zero-padded (packed) A.
@@ -236,6 +238,13 @@ class MatmulOp(CompiledOp):
 
 def _compile(p: Plan, part: str = "all"):
     """The module of the whole op (part="all") or of one of its phases (MatmulOp.phases)."""
+    return tvm.compile(_schedule(p, part), target=p.kernel.isa.target)
+
+
+def _schedule(p: Plan, part: str = "all", bias: bool = False) -> tvm.IRModule:
+    """The scheduled TIR of `_compile`'s parts, and of "packed": main(A, B_pack[, Bias], C),
+    B packed beforehand (a model's constant weights: `pack_b`), each output tile computed into
+    a scratch tile and stored with the bias added while it is in L1 (bias=True)."""
     kern, kc, nk, mt, nt, M, N, K = p.kernel, p.kc, p.nk, p.mt, p.nt, p.M, p.N, p.K
     mr, nr = kern.mr, kern.nr
     A = te.placeholder((M, K), "float32", name="A")
@@ -249,9 +258,10 @@ def _compile(p: Plan, part: str = "all"):
         src, dst = (A, Ap) if part == "pack_a" else (B, Bp)
         sch = s_tir.Schedule(te.create_prim_func([src, dst]))
         _schedule_pack(sch, dst.op.name)
-        return tvm.compile(sch.mod, target=kern.isa.target)
+        return sch.mod
     if part == "kernel":  # the packed operands become inputs
         Ap = te.placeholder(Ap.shape, "float32", name="A_pack") if p.pack_a else Ap
+    if part in ("kernel", "packed"):
         Bp = te.placeholder(Bp.shape, "float32", name="B_pack")
 
     ro = te.reduce_axis((0, nk), name="ro")
@@ -262,18 +272,23 @@ def _compile(p: Plan, part: str = "all"):
     else:
         def a_elem(m, o, k):
             return A[m, o * kc + k]
-    # Without ragged edges the tiles write C itself; with them, C_tiles is cropped into C.
-    direct = part == "kernel" or not p.crop
+    # Without ragged edges (or a bias to add) the tiles write C itself; with them, C_tiles is
+    # cropped into C.
+    direct = part == "kernel" or (not p.crop and not bias)
     Ct = te.compute((mt * mr, nt * nr),
                     lambda m, n: te.sum(a_elem(m, ro, ri) * Bp[n // nr, ro, ri, n % nr], axis=[ro, ri]),
                     name="C" if part != "kernel" and direct else "C_tiles")
+    Bias = te.placeholder((N,), "float32", name="Bias")
     if part == "kernel":
         args = [Ap if p.pack_a else A, Bp, Ct]
     else:
-        args = [A, B, Ct if direct else te.compute((M, N), lambda m, n: Ct[m, n], name="C")]
+        crop = (lambda m, n: Ct[m, n] + Bias[n]) if bias else (lambda m, n: Ct[m, n])
+        args = [A, B if part == "all" else Bp, *([Bias] if bias else []),
+                Ct if direct else te.compute((M, N), crop, name="C")]
     func = te.create_prim_func(args)
     # The user's arrays go in as they are, so the code may assume only 4-byte alignment.
-    sch = s_tir.Schedule(func if part == "kernel" else declare_user_aligned(func, ("A", "B", "C")))
+    sch = s_tir.Schedule(func if part == "kernel" else declare_user_aligned(func, ("A", "B", "C") if part == "all"
+                                                                               else ("A", "C")))
 
     blk = sch.get_sblock(Ct.op.name)
     m, n, ko, ki = sch.get_loops(blk)
@@ -287,13 +302,31 @@ def _compile(p: Plan, part: str = "all"):
         crop = sch.get_sblock("C")
         sch.reverse_compute_at(crop, par)
         sch.vectorize(sch.get_loops(crop)[-1])
-    if part == "all":
+    if part in ("all", "packed"):
         for name in ("A_pack", "B_pack") if p.pack_a else ("B_pack",):
-            _schedule_pack(sch, name)
+            if part == "all" or name == "A_pack":
+                _schedule_pack(sch, name)
     init = sch.decompose_reduction(blk, ko)
     sch.tensorize(i, intrinsics.register(kern, kc))
     sch.vectorize(sch.get_loops(init)[-1])
-    return tvm.compile(sch.mod, target=kern.isa.target)
+    return sch.mod
+
+
+def pack_b(p: Plan, b: np.ndarray) -> np.ndarray:
+    """B (K, N) as the op's B_pack (nt, nk, kc, NR): NR-wide panels, zero-padded."""
+    nr = p.kernel.nr
+    padded = np.zeros((p.nk * p.kc, p.nt * nr), np.float32)
+    padded[:p.K, :p.N] = b
+    return np.ascontiguousarray(padded.reshape(p.nk, p.kc, p.nt, nr).transpose(2, 0, 1, 3))
+
+
+def packed_matmul(M: int, N: int, K: int, isa: Isa, bias: bool = False) -> tuple[Plan, tvm.IRModule]:
+    """One module of C = A @ B (+ Bias) for every row, B packed beforehand (`pack_b`): the
+    plan and the scheduled TIR of main(A, B_pack[, Bias], C), for a model whose weights are
+    constants (schedules.relax.linear). Rows MR does not divide are computed in zero-padded
+    tiles (A packed) rather than by a tail op."""
+    p = plan(M, N, K, float_isa(isa), split_rows=False)
+    return p, _schedule(p, "packed", bias)
 
 
 def _schedule_pack(sch, name: str) -> None:

@@ -17,9 +17,11 @@
      residual)] -> [relu | clip | maximum with 0 | maximum then minimum with constants], where
      each intermediate value has no other user (clips are split into maximum and minimum
      first, which ConvertLayout can carry through the blocked layout and it cannot a clip).
-  5. lowers every other op with TVM's legalization and schedules it (rest.py: pools, the mean,
+  5. replaces each matmul by a constant matrix (a Linear layer), with the bias add after it,
+     by a call of our packed matmul on the GEMM tiles (linear.py),
+  6. lowers every other op with TVM's legalization and schedules it (rest.py: pools, the mean,
      the classifier's matmul, adds that follow no conv, the edge layout transforms: vectorized
-     and parallel), unless `lower=False`, which returns the Relax graph of steps 1-4.
+     and parallel), unless `lower=False`, which returns the Relax graph of steps 1-5.
 Compile the result with `tvm.compile(mod, target=Target(...))` (`build` does both steps, its
 PrimFuncs' machine code made on every core: codegen.py) and run it on `relax.VirtualMachine`.
 
@@ -46,12 +48,13 @@ from .codegen import compile_model
 from .conv2d import LOG, SplitClips, swap
 from .fold import fold_layout_transforms, read_tuple_items
 from .int8 import qdq_convs
+from .linear import swap_matmuls
 from .rest import schedule_rest
 
 
 def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,
                   report: list | None = None, lower: bool = True, autotune: bool = False) -> tvm.transform.Pass:
-    """Steps 2-5 of the module doc as one module pass (bind params before it). autotune: time
+    """Steps 2-6 of the module doc as one module pass (bind params before it). autotune: time
     each conv layer's candidate plans on this host before choosing (conv2d's autotune=True;
     a few seconds per distinct layer not timed before, kept for later builds)."""
     isa = resolve(target)
@@ -84,6 +87,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
             relax.transform.EliminateCommonSubexpr(),
         ])(mod)
         mod = cancel_transforms(swap(mod, target, algorithm, threads, fuse, report, autotune))
+        mod = swap_matmuls(mod, target, report, fuse)
         return _lower_rest(mod, threads, report) if lower else mod
 
     return run

@@ -10,7 +10,8 @@ from benchmarks import cli, network
 @pytest.mark.parametrize("symbol, kind", [
     ("mk_conv2d_direct_n1c64h56w56_o64k1x1s1x1p0x0x0x0d1x1g1_bias_relu", "conv"),
     ("mk_conv2d_wino4_input_transform", "conv"),
-    ("mk_fused_matmul_add", "ours (other ops)"),
+    ("mk_fused_matmul_add", "ours (other ops)"),  # a matmul rest.py scheduled
+    ("mk_matmul_m3136n384k96_bias", "matmul"),  # a Linear layer on our packed matmul
     ("mk_mean", "ours (other ops)"),
     ("mk_te_layout_transform3", "layout transforms"),
     ("fused_layout_transform1", "layout transforms"),

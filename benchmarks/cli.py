@@ -155,6 +155,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the image's shape (default: the model's own, 3x224x224 for most)")
     m.add_argument("--first-call", action="store_true",
                    help="only build ours and time its first call, printed as one JSON line (bench zoo --first-calls)")
+    m.add_argument("--plot", metavar="FILE.png", help="also draw each engine's time per thread count (the plot extra)")
     z = bsub.add_parser("zoo", help="bench model over a list of torchvision/timm classifiers: one table, the "
                                     "geo-mean and the worst ratio")
     z.add_argument("--models", nargs="+", default=None, metavar="SOURCE",
@@ -316,8 +317,9 @@ def main(argv=None) -> int:
 
 def _plot(args, result: dict, threads: list[int], log) -> None:
     from benchmarks import host, plot
+    from schedules.common.targets import resolve
 
-    title = f"{host.cpu_name()}, {result['isa']}"
+    title = f"{host.cpu_name()}, {result.get('isa') or resolve(args.target).name}"
     if args.what in ("conv2d", "gemm"):
         bandwidth = {t: plot.measure_bandwidth(t) for t in threads}
         for t, bw in bandwidth.items():
@@ -328,6 +330,7 @@ def _plot(args, result: dict, threads: list[int], log) -> None:
         else:
             fig = plot.gemm_figure(result, bandwidth, title)
     else:
-        fig = plot.network_figure(result, f"{title}: {result['model']}")
+        model = result["model"] + (f", input {'x'.join(map(str, result['input']))}" if "input" in result else "")
+        fig = plot.network_figure(result, f"{title}: {model}")
     plot.save(fig, args.plot)
     print(f"wrote {args.plot}", file=sys.stderr)

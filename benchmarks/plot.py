@@ -156,8 +156,15 @@ def gemm_figure(result: dict, bandwidth: dict, title: str):
     return fig
 
 
+def _row_label(row: dict) -> str:
+    """A network row's style and batch (bench resnet50 and the like), or a model's threads alone."""
+    if "style" in row:
+        return f"{row['style']}\nbatch {row['batch']}, {row['threads']} thr"
+    return f"{row['threads']} thread(s)"
+
+
 def network_figure(result: dict, title: str):
-    """Each engine's milliseconds per row of a network bench (style, batch, threads)."""
+    """Each engine's milliseconds per row of a network or model bench (style, batch, threads)."""
     plt = require_matplotlib()
     rows = result["rows"]
     engines = list(dict.fromkeys(n for r in rows for n in r["ms"]))
@@ -169,7 +176,7 @@ def network_figure(result: dict, title: str):
         bars = ax.bar(x + (i - (len(engines) - 1) / 2) * width, vals, width, label=name,
                       color=OURS_COLOR if name == "ours" else None)
         ax.bar_label(bars, fmt="%.1f", fontsize=6)
-    ax.set_xticks(x, [f"{r['style']}\nbatch {r['batch']}, {r['threads']} thr" for r in rows], fontsize=7)
+    ax.set_xticks(x, [_row_label(r) for r in rows], fontsize=7)
     ax.set_ylabel("ms per batch (best median)")
     ax.legend(fontsize=7)
     ax.set_title(title, fontsize=10)

@@ -237,11 +237,14 @@ def _no_peers(tmp_path) -> dict:
     return {"PYTHONPATH": str(tmp_path)}
 
 
-def test_bench_model_on_an_onnx_file_against_the_peers(clone, small_onnx):
+def test_bench_model_on_an_onnx_file_against_the_peers(clone, small_onnx, tmp_path):
     """Ours through TVM's ONNX importer and schedules.relax.build, ONNX Runtime and OpenVINO on
-    the file, taking turns; outputs against ONNX Runtime's; the ratio; our breakdown by kind."""
+    the file, taking turns; outputs against ONNX Runtime's; the ratio; our breakdown by kind;
+    --plot: each engine's time drawn to a PNG."""
+    png = tmp_path / "model.png"
     out = cli(clone, "-m", "microkernels", "bench", "model", str(small_onnx), "--peers", "--threads", "1",
-              "--repeat", "1")
+              "--repeat", "1", "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, out
     assert "1x3x32x32, 1 thread(s): first call" in out and "2/2 conv2d on our kernels" in out, out
     assert "ONNX Runtime 1.32.0, precision float32" in out and "OpenVINO 2026.4.1, precision f32" in out, out
     errs = out.split("max |diff| / max |ONNX Runtime|: ")[1].splitlines()[0]

@@ -367,6 +367,25 @@ def test_inputs_and_outputs_cross_without_copies_where_aligned():
             assert flat.data_ptr() != z.data_ptr() and torch.equal(flat, z.flatten(1))
 
 
+def test_a_misaligned_input_is_copied_without_torchs_thread_pool(monkeypatch):
+    """The copy runs on the calling thread (numpy), not torch's copy_, whose OpenMP worker would
+    go on spinning on a core while TVM's pool runs the model (twice the time at 2 threads on the
+    Zen 3); a dtype numpy lacks falls back to copy_."""
+    x = torch.randn(3 * 5 * 7 + 1)[1:].view(3, 5, 7).transpose(1, 2)  # misaligned and strided
+    real = torch.Tensor.copy_
+
+    def refused(self, *a, **k):
+        raise AssertionError("torch's copy_ used for a float32 input")
+
+    monkeypatch.setattr(torch.Tensor, "copy_", refused)
+    out = tc.aligned_copy(x)
+    assert out.data_ptr() % tc.ALIGN == 0 and out.is_contiguous() and torch.equal(out, x)
+    monkeypatch.setattr(torch.Tensor, "copy_", real)
+    half = x.to(torch.bfloat16)
+    out = tc.aligned_copy(half)
+    assert out.dtype == torch.bfloat16 and out.data_ptr() % tc.ALIGN == 0 and torch.equal(out, half)
+
+
 def test_a_single_tensor_output_is_the_vms_own_memory():
     """backend() on a traced module (weights as get_attr, output a bare tensor, not a tuple)."""
     model = randomized(Residual())

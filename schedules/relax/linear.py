@@ -18,6 +18,7 @@ matmul stays on TVM's lowering (rest.py), and the report says why.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -25,6 +26,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..common import parallel
 from ..common.targets import float_isa, resolve
 from ..matmul import pack_b, packed_matmul
 from . import exprs
@@ -65,6 +67,12 @@ def _bias(add, mm_var, n: int) -> np.ndarray | None:
     return c.reshape(n)
 
 
+def _key(mm, bias: bool) -> tuple:
+    """(M, N, K, bias): what a matmul call's module depends on."""
+    (K, N), xs = exprs.shape(mm.args[1]), exprs.shape(mm.args[0])
+    return math.prod(xs[:-1]), N, K, bias
+
+
 @mutator
 class _Linear(PyExprMutator):
     def __init__(self, mod, isa, report: list, fuse: bool = True):
@@ -73,8 +81,22 @@ class _Linear(PyExprMutator):
         self.funcs: dict = {}  # (M, N, K, bias) -> (plan, GlobalVar)
         self.fused: dict = {}  # add var -> (matmul call, bias)
         self.skip: set = set()  # matmul vars whose add takes them
+        self.ready: dict = {}  # (M, N, K, bias) -> packed_matmul's result, made up front
 
     def plan(self, func: relax.Function) -> None:
+        self._find_biases(func)
+        # The distinct modules, scheduled in one process per core as the convs are (parallel.py).
+        keys = []
+        for blk in func.body.blocks:
+            for b in blk.bindings:
+                mm = self.fused[b.var][0] if b.var in self.fused else b.value
+                if b.var not in self.skip and exprs.is_call(mm, _MATMUL) and not _why_not(mm):
+                    keys.append(_key(mm, b.var in self.fused))
+        keys = [k for k in dict.fromkeys(keys) if k not in self.ready]
+        made = parallel.run([functools.partial(packed_matmul, *k[:3], self.isa, k[3]) for k in keys])
+        self.ready.update((k, m) for k, m in zip(keys, made) if m is not None)
+
+    def _find_biases(self, func: relax.Function) -> None:
         if not self.fuse:
             return
         uses = exprs.uses(func)
@@ -115,10 +137,10 @@ class _Linear(PyExprMutator):
         xs = exprs.shape(mm.args[0])
         K, N = w.shape
         M = math.prod(xs[:-1])
-        key = (M, N, K, bias is not None)
+        key = _key(mm, bias is not None)
         made = self.funcs.get(key)
         if made is None:
-            p, mod = packed_matmul(M, N, K, self.isa, bias is not None)
+            p, mod = self.ready.get(key) or packed_matmul(M, N, K, self.isa, bias is not None)
             name = f"mk_matmul_m{M}n{N}k{K}{'_bias' if bias is not None else ''}"
             made = (p, self.builder_.add_func(mod["main"].with_attr("global_symbol", name), name))
             self.funcs[key] = made

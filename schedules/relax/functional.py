@@ -118,3 +118,14 @@ def functionalize(ep) -> bool:
     if replaced or changed:
         ep.graph_module.recompile()
     return clean
+
+
+def wrongly_imported(ep) -> str | None:
+    """Why TVM 0.27's importer would compute this graph wrongly, decomposed or not, or None:
+    avg_pool2d with divisor_override (the converter ignores it and divides by the window)."""
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is aten.avg_pool2d.default:
+            args = list(node.args) + [None] * 7
+            if (node.kwargs.get("divisor_override") or args[6]) is not None:
+                return "avg_pool2d with divisor_override, which TVM's importer ignores"
+    return None

@@ -22,8 +22,10 @@ torch finds it by name without an import. Per captured FX graph:
 A graph runs eagerly instead (`gm.forward`, a graph break in spirit, logged once on the
 "tvm_microkernels.torch" logger with the reason) when: an input is not a dense CPU tensor or a
 size; a floating input is not float32; an op runs in training mode (batch norm with batch
-statistics, active dropout); the graph updates an input or a buffer in place; export, import,
-optimize or compile fails; or nothing in it would run on our kernels. A call runs eagerly when
+statistics, active dropout); the graph updates an input or a buffer in place; it holds an op
+TVM's importer would compute wrongly (functional.wrongly_imported: avg_pool2d's
+divisor_override); export, import, optimize or compile fails; or nothing in it would run on our
+kernels. A call runs eagerly when
 grad mode is on and a non-frozen input requires grad (autograd needs the eager graph).
 
 Frozen weights: the values at compile time are the ones used. Before each call the frozen
@@ -64,7 +66,7 @@ from tvm import relax
 
 from ..common import cache
 from ..common.targets import set_threads, thread_count
-from .functional import functionalize
+from .functional import functionalize, wrongly_imported
 from .pipeline import build, llvm_target, optimize_pass
 
 LOG = logging.getLogger("tvm_microkernels.torch")
@@ -305,6 +307,9 @@ class _Graph:
             # which spares the second trace run_decompositions() takes; any other graph, or one
             # with an op TVM's importer takes only decomposed, goes through it.
             ep = torch.export.export(wrapper, user)
+            wrong = wrongly_imported(ep)
+            if wrong:
+                raise _Fallback(wrong)
             mod = _imported(ep) if functionalize(ep) else None
             if mod is None:
                 ep = ep.run_decompositions()

@@ -70,6 +70,19 @@ CASES = {
     "silu_": Lambda(lambda s, x: F.silu(x * 2, inplace=True)),
     "transpose": Lambda(lambda s, x: x.transpose(1, 2) * 2),
     "view": Lambda(lambda s, x: x.view(1, 8, 36) * 2),
+    # The same ops with the arguments the defaults above leave out.
+    # (divisor_override is left out: TVM 0.27's converter ignores it, decomposed or not)
+    "avg_pool2d ceil": Lambda(lambda s, x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=True)),
+    "chunk uneven": Lambda(lambda s, x: (lambda a, b, c: torch.cat([a * b, c], 1))(*x.chunk(3, 1))),
+    "conv2d dilated, no bias": Lambda(lambda s, x: s.c(x), c=nn.Conv2d(8, 4, 3, stride=2, padding=2, dilation=2,
+                                                                    bias=False)),
+    "flatten middle": Lambda(lambda s, x: torch.flatten(x, 1, 2) * 2),
+    "gelu tanh": Lambda(lambda s, x: F.gelu(x, approximate="tanh")),
+    "hardtanh bounds": Lambda(lambda s, x: F.hardtanh(x * 3, -0.5, 2.0, inplace=True)),
+    "linear no bias": Lambda(lambda s, x: s.fc(x), fc=nn.Linear(6, 5, bias=False)),
+    "max_pool2d ceil, dilated": Lambda(lambda s, x: F.max_pool2d(x, 2, 2, 0, dilation=2, ceil_mode=True)),
+    "mean no keepdim": Lambda(lambda s, x: x.mean((1, 3))),
+    "transpose negative": Lambda(lambda s, x: x.transpose(-1, -3) + 1),
 }
 
 
@@ -157,8 +170,42 @@ def test_an_op_outside_ops_sends_the_graph_to_the_decomposition():
     assert not functional.functionalize(ep)
 
 
+def test_an_op_the_importer_takes_only_decomposed_falls_back_to_the_decomposition():
+    """layer_norm without weight and bias: TVM's undecomposed converter fails on it, so the
+    backend's import returns None and it decomposes (and the compiled model is still right)."""
+    from schedules.relax import torch_compile
+
+    model = Lambda(lambda s, x: F.layer_norm(x, (6, 6), eps=1e-3))
+    x = torch.randn(1, 8, 6, 6)
+    ep = _export(model, x)
+    assert functional.functionalize(ep) and torch_compile._imported(ep) is None
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model.eval(), backend="microkernels")(x)
+    np.testing.assert_allclose(got.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_a_training_batch_norm_is_left_as_it_is():
     bn = _bn(8).train()
     with torch.no_grad():
         ep = torch.export.export(bn, (torch.randn(2, 8, 3, 3),))
     assert not functional.functionalize(ep)
+
+
+def test_a_graph_tvm_would_import_wrongly_runs_eagerly():
+    """avg_pool2d's divisor_override: TVM 0.27's converter ignores it (1.28 off here, decomposed
+    or not), so the backend leaves the graph to PyTorch and says why."""
+    from schedules.relax import torch_compile
+
+    model = Lambda(lambda s, x: F.avg_pool2d(s.c(x), 3, 2, 1, divisor_override=4), c=nn.Conv2d(8, 16, 3))
+    x = torch.randn(1, 8, 9, 9)
+    assert functional.wrongly_imported(_export(model, x))
+    torch._dynamo.reset()
+    torch_compile.clear_reports()
+    with torch.no_grad():
+        got = torch.compile(model.eval(), backend="microkernels")(x)
+        want = model(x)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    (rep,) = torch_compile.reports()
+    assert rep["runs_on"] == "eager" and "divisor_override" in rep["reason"], rep
+    assert functional.wrongly_imported(_export(CASES["avg_pool2d"], torch.randn(1, 8, 6, 6))) is None

@@ -286,9 +286,9 @@ def _schedule(p: Plan, part: str = "all", bias: bool = False) -> tvm.IRModule:
         args = [A, B if part == "all" else Bp, *([Bias] if bias else []),
                 Ct if direct else te.compute((M, N), crop, name="C")]
     func = te.create_prim_func(args)
-    # The user's arrays go in as they are, so the code may assume only 4-byte alignment.
-    sch = s_tir.Schedule(func if part == "kernel" else declare_user_aligned(func, ("A", "B", "C") if part == "all"
-                                                                               else ("A", "C")))
+    # The user's arrays go in as they are, so the code may assume only 4-byte alignment; a
+    # model's tensors ("packed": the VM's, 64-byte aligned) keep TVM's default, and skip a parse.
+    sch = s_tir.Schedule(declare_user_aligned(func, ("A", "B", "C")) if part == "all" else func)
 
     blk = sch.get_sblock(Ct.op.name)
     m, n, ko, ki = sch.get_loops(blk)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 
+import tvm
 from tvm.script import tirx as T
 
 from microkernels import AVX2, AVX512, GemmKernel, Isa, TileError
@@ -24,11 +25,18 @@ def intrin_name(kern: GemmKernel, k: int) -> str:
     return f"{kern.name}_k{k}"
 
 
-def _descriptions(mr: int, nr: int, kk: int, accumulate: bool):
+# Parsed once per tile, K bound per call (_with_k): `@T.prim_func` walks the call stack and
+# parses the function's source each time (about 180 ms for the pair), and a model asks for a
+# tile at every K its layers have (ConvNeXt-Tiny: 8). K appears in the text only by itself
+# (shapes, regions, the grid, the kernel's argument), so the specialized function is,
+# structurally, the one written with K in the text (tests/intrinsics/test_f32_gemm.py).
+@functools.lru_cache(maxsize=None)
+def _descriptions(mr: int, nr: int, accumulate: bool):
+    """The description with K as its last parameter, `kk` (specialized by `register`)."""
     if accumulate:
 
         @T.prim_func(s_tir=True)
-        def desc(a: T.handle, b: T.handle, c: T.handle):
+        def desc(a: T.handle, b: T.handle, c: T.handle, kk: T.int32):
             A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
             B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
             C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
@@ -43,7 +51,7 @@ def _descriptions(mr: int, nr: int, kk: int, accumulate: bool):
     else:
 
         @T.prim_func(s_tir=True)
-        def desc(a: T.handle, b: T.handle, c: T.handle):
+        def desc(a: T.handle, b: T.handle, c: T.handle, kk: T.int32):
             A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
             B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
             C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
@@ -63,13 +71,15 @@ def _descriptions(mr: int, nr: int, kk: int, accumulate: bool):
     return desc
 
 
-def _implementation(kern: GemmKernel, kk: int):
+@functools.lru_cache(maxsize=None)
+def _implementation(kern: GemmKernel):
+    """The implementation with K as its last parameter, `kk` (specialized by `register`)."""
     mr, nr, sym, ir = kern.mr, kern.nr, kern.name, kern.llvm_ir()
     # A beta=0 tile reads no C; the reads must match the description's for tensorize.
     reads_c = kern.accumulate
 
     @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle):
+    def impl(a: T.handle, b: T.handle, c: T.handle, kk: T.int32):
         sa = T.int32()
         sb = T.int32()
         sc = T.int32()
@@ -104,8 +114,13 @@ def register(kern: GemmKernel, k: int) -> str:
     if kern.mr < 2:
         raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
                         "loops, so an MR = 1 block can never match the description)")
-    return registry.register(intrin_name(kern, k), _descriptions(kern.mr, kern.nr, k, kern.accumulate),
-                             _implementation(kern, k))
+    return registry.register(intrin_name(kern, k), _with_k(_descriptions(kern.mr, kern.nr, kern.accumulate), k),
+                             _with_k(_implementation(kern), k))
+
+
+
+def _with_k(func, k: int):
+    return func.specialize({func.params[-1]: tvm.tirx.IntImm("int32", k)})
 
 
 def _fma_gemm(isa: Isa, mr: int, nr: int, k: int, accumulate: bool) -> str:

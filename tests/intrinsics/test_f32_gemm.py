@@ -109,3 +109,58 @@ def test_user_schedule_from_readme(isa):
     b = rng.standard_normal((K, N), dtype=np.float32)
     c, = execute(lib, isa, [a, b, np.full((M, N), np.nan, np.float32)], [2])  # beta=0 must not read C
     assert_close_f32(c, a, b)
+
+
+
+def _literal(kern, kk):
+    """The description and implementation as they were written before K became a parameter
+    (K a closure constant), the reference for the specialized ones."""
+    from tvm.script import tirx as T
+
+    mr, nr, sym, ir = kern.mr, kern.nr, kern.name, kern.llvm_ir()
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle):
+        A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
+        B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[T.int32(), 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[T.int32(), 1], align=4)
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kk, 0:nr])
+            T.writes(C[0:mr, 0:nr])
+            for i, j, k in T.grid(mr, nr, kk):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle):
+        sa = T.int32()
+        sb = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (mr, kk), "float32", offset_factor=1, strides=[sa, 1], align=4)
+        B = T.match_buffer(b, (kk, nr), "float32", offset_factor=1, strides=[sb, 1])
+        C = T.match_buffer(c, (mr, nr), "float32", offset_factor=1, strides=[sc, 1], align=4)
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kk], B[0:kk, 0:nr])
+            T.writes(C[0:mr, 0:nr])
+            with T.attr(0, "pragma_import_llvm", ir):
+                T.evaluate(T.call_extern("void", sym, A.access_ptr("r"), sa, B.access_ptr("r"), sb,
+                                         C.access_ptr("w"), sc, kk))
+
+    return desc, impl
+
+
+@pytest.mark.parametrize("k", [2, 7, 96, 1536])
+def test_an_intrinsic_specialized_to_k_is_the_one_written_with_k(k):
+    """register parses each tile's description and implementation once, with K a parameter, and
+    binds K per call: the result must be, structurally, the pair written with K in the text."""
+    import tvm_ffi
+
+    from intrinsics import f32_gemm, registry
+    from microkernels import AVX2
+
+    kern = GemmKernel(AVX2, 4, 24, accumulate=True)
+    desc, impl = registry._DEFINED[f32_gemm.register(kern, k)]
+    want_desc, want_impl = _literal(kern, k)
+    assert len(desc.params) == len(impl.params) == 3  # a, b, c: K bound, not a parameter
+    assert tvm_ffi.structural_equal(desc, want_desc) and tvm_ffi.structural_equal(impl, want_impl)

@@ -42,11 +42,15 @@ class Executable(relax.VMExecutable):
         vm_build._vmcodegen(builder, self._lowered, "bytecode")
         exe = relax.VMExecutable(vm_build._ffi_api.VMLink(builder, self._target, None, [], self._params))
         with tempfile.TemporaryDirectory(prefix="mk-objects-") as tmp:
-            addons = []
-            for i, data in enumerate(self._objects):
-                addons.append(str(Path(tmp) / f"part{i}.o"))
-                Path(addons[-1]).write_bytes(data)
-            exe.export_library(path, addons=addons)
+            exe.export_library(path, addons=_written(self._objects, tmp))
+
+
+def _written(objects: list[bytes], folder: str) -> list[str]:
+    """The object files' bytes written into `folder`: their paths, in order."""
+    paths = [str(Path(folder) / f"part{i}.o") for i in range(len(objects))]
+    for path, data in zip(paths, objects):
+        Path(path).write_bytes(data)
+    return paths
 
 
 def compile_model(mod: tvm.IRModule, target: tvm.target.Target):
@@ -88,10 +92,6 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target):
     from tvm.support import cc
 
     with tempfile.TemporaryDirectory(prefix="mk-objects-") as tmp:
-        paths = []
-        for i, data in enumerate(objects):
-            paths.append(str(Path(tmp) / f"part{i}.o"))
-            Path(paths[-1]).write_bytes(data)
-        cc.create_shared(str(Path(tmp) / "functions.so"), paths)
+        cc.create_shared(str(Path(tmp) / "functions.so"), _written(objects, tmp))
         functions = tvm.runtime.load_module(str(Path(tmp) / "functions.so"))  # mapped: the file may go
     return Executable(vm_build._ffi_api.VMLink(builder, target, functions, [], params), lowered, target, params, objects)

@@ -12,8 +12,11 @@ Algorithms (coefficients fitted by scripts/fit_vmath.py, minimax in relative err
            2^(n>>1) * 2^(n - n>>1), so results in the subnormal range round once, correctly.
            x is clamped to [-104, 89] first (beyond, the result is 0 or inf anyway) and a NaN
            returned as it came.
-  sigmoid: e = exp(-|x|), (x < 0 ? e : 1) / (1 + e): one division, no cancellation on either side.
-  silu:    x * sigmoid(x) as (x * (x < 0 ? e : 1)) / (1 + e).
+  sigmoid: e = exp(-|x|), (x < 0 ? e : 1) / (1 + e): no cancellation on either side; e and
+           1 + e carried as hi + lo and the quotient corrected by its residual, so only e's own
+           error remains. |x| > 64: e alone (x < 0) or 1.
+  silu:    x * sigmoid(x) as (x * (x < 0 ? e : 1)) / (1 + e), the product split the same way;
+           x < -64: x joins exp's mantissa before its powers of two (one rounding near 0).
   gelu:    x * Phi(x), Phi the normal CDF. |x| < 0.75: Phi = 0.5 + x P(x^2), P of degree 4.
            Else Phi(-y) = exp(-y^2/2) S(y), y = min(|x|, 14.5), with the Mills ratio S(y) a
            polynomial of degree 10 in y - 1.875 below y = 3 and (1/y) Q(1/y) above, Q of degree 8

@@ -112,8 +112,12 @@ def scaled_exp(o: Ops, x, m=None):
     (m + m t, one rounding) before the powers of two, so a product that lands in the subnormal
     range is rounded once, at the end, and not first as exp(x) and again when multiplied."""
     t, n1, n2 = _exp_parts(o, x)
-    mant = o.add(t, o.c(1.0)) if m is None else o.fma(m, t, m)
-    return o.mul(o.mul(mant, o.pow2(n1)), o.pow2(n2))
+    return _times_pow2(o, o.add(t, o.c(1.0)) if m is None else o.fma(m, t, m), n1, n2)
+
+
+def _times_pow2(o: Ops, v, n1, n2):
+    """v * 2^n1 * 2^n2, in that order (exact but for a last rounding in the subnormal range)."""
+    return o.mul(o.mul(v, o.pow2(n1)), o.pow2(n2))
 
 
 def exp(o: Ops, x):
@@ -132,13 +136,12 @@ def _ratio(o: Ops, x, scale, far_neg):
     a = o.neg(o.abs(x))
     ac = clamp_nan_through(o, a, -FAR, 0.0)
     t, n1, n2 = _exp_parts(o, ac)
-    s1, s2 = o.pow2(n1), o.pow2(n2)
     # The error terms below are exact only as written: fenced, so neither TVM's simplifier
     # nor LLVM's FMA contraction (TVM's target options allow it) rewrites them to 0.
     p = o.fence(o.add(t, o.c(1.0)))
     pl = o.add(o.sub(o.c(1.0), p), t)  # 1 + t = p + pl exactly (|t| < 1)
-    eh = o.mul(o.mul(p, s1), s2)  # e = eh + el, |x| <= FAR: no underflow
-    el = o.mul(o.mul(pl, s1), s2)
+    eh = _times_pow2(o, p, n1, n2)  # e = eh + el, |x| <= FAR: no underflow
+    el = _times_pow2(o, pl, n1, n2)
     dh = o.fence(o.add(o.c(1.0), eh))
     dl = o.add(o.add(o.sub(o.c(1.0), dh), eh), el)  # 1 + e = dh + dl
     neg = o.lt(x, o.c(0.0))
@@ -218,14 +221,15 @@ def expm1_neg(o: Ops, x):
     """exp(x) - 1 for x <= 0 (a NaN through): the reduction's t where n = 0, else exp(x) - 1."""
     xc = clamp_nan_through(o, x, EXP_LO, 0.0)
     t, n1, n2 = _exp_parts(o, xc)
-    big = o.sub(o.mul(o.mul(o.add(t, o.c(1.0)), o.pow2(n1)), o.pow2(n2)), o.c(1.0))
+    big = o.sub(_times_pow2(o, o.add(t, o.c(1.0)), n1, n2), o.c(1.0))
     # |x| < ln2/2: n = 0 and t is exp(x) - 1 itself, to the polynomial's accuracy.
     y = o.select(o.lt(o.abs(x), o.c(0.3465)), t, big)
     return o.select(o.isnan(x), x, y)
 
 
 def elu(o: Ops, x, alpha: float = 1.0):
-    return o.select(o.lt(x, o.c(0.0)), o.mul(o.c(alpha), expm1_neg(o, o.select(o.lt(x, o.c(0.0)), x, o.c(0.0)))), x)
+    neg = o.lt(x, o.c(0.0))
+    return o.select(neg, o.mul(o.c(alpha), expm1_neg(o, o.select(neg, x, o.c(0.0)))), x)
 
 
 FUNCTIONS = {"exp": exp, "sigmoid": sigmoid, "silu": silu, "gelu": gelu, "hardsigmoid": hardsigmoid,

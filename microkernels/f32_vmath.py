@@ -28,7 +28,8 @@ Algorithms (coefficients fitted by scripts/fit_vmath.py, minimax in relative err
            small |x| by the polynomial without its 1 (no cancellation).
 Bounds, measured against float64 rounded to float32 over a dense sweep of bit patterns
 (tests/intrinsics/test_f32_vmath.py): ULP_BOUND. Specials follow PyTorch: NaN in, NaN out;
-sigmoid(-inf) = 0, silu(-inf) = gelu(-inf) = hardswish(-inf) = NaN (-inf * 0, as eager computes).
+sigmoid(-inf) = 0, silu(-inf) = gelu(-inf) = hardswish(-inf) = NaN (-inf * 0, as eager computes),
+gelu(+inf) = NaN (eager's too).
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ def gelu(o: Ops, x):
     neg_side = scaled_exp(o, h, o.neg(o.fma(ys, lo, ys)))  # x Phi(x) = -y S(y) exp(-y^2/2), x = -y
     tail = o.select(o.lt(x, o.c(0.0)), neg_side, o.mul(x, o.sub(o.c(1.0), q)))
     out = o.select(o.lt(o.abs(x), o.c(GELU_SMALL)), small, tail)
-    out = o.select(o.lt(x, o.c(-FLT_MAX)), o.c(float("nan")), out)  # -inf * 0: NaN, as eager has it
+    # +-inf: NaN, as eager has it (-inf * 0; PyTorch 2.13's CPU kernel gives NaN at +inf too).
+    out = o.select(o.gt(o.abs(x), o.c(FLT_MAX)), o.c(float("nan")), out)
     return o.select(o.isnan(x), x, out)
 
 

@@ -1,115 +1,63 @@
-"""The vector math of microkernels.f32_vmath as TIR expressions: the same operations, in the
-same order, for standalone elementwise maps that TVM vectorizes with the rest of a nest
-(vectorized, no libm call: tests/intrinsics/test_f32_vmath.py). The Relax pass legalizes
-sigmoid, SiLU, GELU and exp onto them (schedules/relax/rest.py); next, the kernels' epilogues.
+"""The vector math (microkernels/f32_vmath.py) over whole tensors: a PrimFunc y = fn(x) that
+calls the row kernel of microkernels/f32_vmap.py on contiguous chunks, in parallel where the
+tensor is large enough to pay for the thread pool. The Relax pass legalizes sigmoid, SiLU, GELU
+and exp onto it (schedules/relax/rest.py).
 
-`expr(name, x)` is the PrimExpr of the function at x (float32); `te_map(name)` a TE function
-of one tensor for `relax.BlockBuilder.call_te`.
+`map_func(fn, shape, isa, threads)`: main(x, y), both float32 of `shape`, any alignment.
+Chunks: equal whole shares of CHUNK values or fewer, their count a multiple of the threads, so
+each thread gets the same number of equal chunks (TVM's parallel loop hands out contiguous
+iteration ranges); below SERIAL values one call, no parallel region.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from tvm import te, tirx
-from tvm.tirx.op import fma
+import math
+import os
 
-from microkernels import f32_vmath as vm
+from microkernels.f32_vmap import VmapKernel
 
-F32 = "float32"
+from .script import parse
 
-
-class TirOps(vm.Ops):
-    """float32 PrimExprs, each operation's result bound to a variable of its own (`Let`):
-
-    - the algorithms reuse their intermediates (x, n, r, e: up to a dozen times each), which
-      as plain expressions TVM would copy into every use, a tree that grows with each step
-      (GELU's ran to 10^5 nodes) for its simplifier and codegen to walk;
-    - a Select whose branch reads a buffer is rewritten by TVM's RewriteUnsafeSelect into an
-      if_then_else, which its vectorizer scalarizes: bound, a branch names a variable;
-    - NaN is tested as x != x, not with TVM's isnan call, which beside the fence's call also
-      made the vectorizer give up (both measured: the nest came out scalar, 10 ns a value).
-    Comparisons stay inline (a bool each, cheap to repeat)."""
-
-    def __init__(self):
-        self.bindings: list[tuple[tirx.Var, tirx.PrimExpr]] = []
-
-    def let(self, e):
-        if isinstance(e, (tirx.Var, tirx.FloatImm, tirx.IntImm)):
-            return e
-        v = tirx.Var(f"vm{len(self.bindings)}", e.ty)
-        self.bindings.append((v, e))
-        return v
-
-    def wrap(self, body):
-        """body inside the bindings made so far, the first outermost."""
-        for v, e in reversed(self.bindings):
-            body = tirx.Let(v, e, body)
-        return body
-
-    def c(self, v):
-        return tirx.const(float(v), F32)
-
-    def add(self, a, b):
-        return self.let(a + b)
-
-    def sub(self, a, b):
-        return self.let(a - b)
-
-    def mul(self, a, b):
-        return self.let(a * b)
-
-    def div(self, a, b):
-        return self.let(tirx.Div(a, b))
-
-    def fma(self, a, b, c):
-        return self.let(fma(a, b, c))
-
-    def neg(self, a):
-        return self.let(-a)
-
-    def abs(self, a):
-        return self.let(tirx.abs(a))
-
-    def lt(self, a, b):
-        return a < b
-
-    def gt(self, a, b):
-        return a > b
-
-    def isnan(self, a):
-        return tirx.NE(a, a)
-
-    def select(self, m, a, b):
-        return self.let(tirx.Select(m, a, b))
-
-    def round(self, a):
-        return self.let(tirx.round(a))
-
-    def fence(self, a):
-        return self.let(tirx.call_llvm_pure_intrin(F32, "llvm.arithmetic.fence", a))
-
-    def pow2(self, n):
-        bits = (n.astype("int32") + tirx.const(127, "int32")) << tirx.const(23, "int32")
-        return self.let(tirx.reinterpret(F32, bits))
-
-    def half_int(self, n):
-        return self.let((n.astype("int32") >> tirx.const(1, "int32")).astype(F32))
+CHUNK = 1 << 14  # values per call at most (64 KiB of input): in L2 beside its output
+SERIAL = 1 << 14  # below this many values a parallel region costs more than it saves
 
 
-def expr(name: str, x, alpha: float | None = None):
-    """microkernels.f32_vmath's `name` at the float32 PrimExpr x: one expression, the bindings
-    of its steps as nested `Let`s, x bound first."""
-    o = TirOps()
-    return o.wrap(vm.evaluate(o, name, o.let(x), alpha))
+def chunks(n: int, lanes: int, threads: int | None) -> tuple[int, int]:
+    """(calls, values per call, a multiple of lanes): n split as the module doc says."""
+    t = max(1, threads if threads is not None else (os.cpu_count() or 1))
+    if n < SERIAL or t == 1:
+        return 1, n
+    calls = t * math.ceil(n / (t * CHUNK))
+    per = math.ceil(math.ceil(n / calls) / lanes) * lanes
+    return math.ceil(n / per), per
 
 
-def te_map(name: str, alpha: float | None = None):
-    """A TE function mapping a float32 tensor elementwise by `name`."""
-    vm.evaluate(vm.NumpyOps(), name, np.zeros(1, np.float32), alpha)  # refuses a bad name or alpha now
+def describe(fn: str, shape: tuple, isa, threads: int | None = None) -> str:
+    """What map_func makes of these arguments, in a few words (for reports)."""
+    calls, per = chunks(math.prod(shape), isa.lanes, threads)
+    where = "one call" if calls == 1 else f"{calls} parallel calls of {per} values"
+    return f"{VmapKernel(fn, isa).name}, {where}"
 
-    def compute(x: te.Tensor) -> te.Tensor:
-        if x.dtype != F32:
-            raise TypeError(f"the vector {name} is float32; got {x.dtype}")
-        return te.compute(x.shape, lambda *i: expr(name, x(*i), alpha), name=f"mk_{name}")
 
-    return compute
+def map_func(fn: str, shape: tuple, isa, threads: int | None = None, alpha: float | None = None):
+    """PrimFunc main(x, y) with y = fn(x) elementwise (float32 tensors of `shape`), through the
+    row kernel of `fn` for `isa` (alpha: the parameter of leaky ReLU and ELU)."""
+    kern = VmapKernel(fn, isa, alpha)  # refuses an unknown name or a stray alpha
+    shape = tuple(int(d) for d in shape)
+    n = math.prod(shape)
+    calls, per = chunks(n, isa.lanes, threads)
+    buf = f"T.Buffer({shape}, 'float32', align=4)"
+    call = (f"T.evaluate(T.call_extern('void', '{kern.name}', x.access_ptr('r', offset={{o}}), "
+            f"y.access_ptr('w', offset={{o}}), T.Cast('int64', {{len}})))")
+    lines = ["@T.prim_func(s_tir=True)", f"def main(x: {buf}, y: {buf}):",
+             "    T.func_attr({'tirx.noalias': True})",
+             # A root block, as Relax's analyses of a PrimFunc expect one.
+             "    with T.sblock('root'):"]
+    if calls == 1:
+        lines += ["        with T.attr(0, 'pragma_import_llvm', IR):",
+                  "            " + call.format(o=0, len=n)]
+    else:
+        lines += [f"        for b in T.parallel({calls}):",
+                  "            with T.attr(0, 'pragma_import_llvm', IR):",
+                  "                " + call.format(o=f"b * {per}", len=f"T.min({per}, {n} - b * {per})")]
+    return parse("\n".join(lines), IR=kern.llvm_ir())

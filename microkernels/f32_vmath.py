@@ -73,6 +73,7 @@ class Ops:
     def abs(self, a): ...
     def lt(self, a, b): ...             # ordered comparisons: false on NaN
     def gt(self, a, b): ...
+    def ugt(self, a, b): ...            # a > b, or either is NaN (unordered or greater)
     def isnan(self, a): ...
     def select(self, m, a, b): ...
     def round(self, a): ...             # to nearest, ties to even
@@ -95,7 +96,7 @@ def clamp_nan_through(o: Ops, x, lo: float, hi: float):
     """x clamped to [lo, hi]; a NaN comes out as hi (finite: what a float-to-int conversion of
     it does is undefined), for the caller to restore."""
     x = o.select(o.lt(x, o.c(lo)), o.c(lo), x)
-    return o.select(o.gt(x, o.c(hi)), o.c(hi), o.select(o.isnan(x), o.c(hi), x))
+    return o.select(o.ugt(x, o.c(hi)), o.c(hi), x)  # one compare: a vminps on x86
 
 
 def _exp_parts(o: Ops, x):
@@ -286,6 +287,9 @@ class NumpyOps(Ops):
 
     def gt(self, a, b):
         return np.greater(a, b)
+
+    def ugt(self, a, b):
+        return ~np.less_equal(a, b)
 
     def isnan(self, a):
         return np.isnan(a)

@@ -88,7 +88,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
         ])(mod)
         mod = cancel_transforms(swap(mod, target, algorithm, threads, fuse, report, autotune))
         mod = swap_matmuls(mod, target, report, fuse)
-        return _lower_rest(mod, threads, report) if lower else mod
+        return _lower_rest(mod, threads, report, float_isa(isa)) if lower else mod
 
     return run
 
@@ -118,9 +118,9 @@ def _fold_batch_norms(mod: tvm.IRModule, report: list) -> tvm.IRModule:
     return mod
 
 
-def _lower_rest(mod: tvm.IRModule, threads, report: list) -> tvm.IRModule:
+def _lower_rest(mod: tvm.IRModule, threads, report: list, isa) -> tvm.IRModule:
     rest: list = []
-    mod = schedule_rest(mod, threads, rest)
+    mod = schedule_rest(mod, threads, rest, isa)
     for r in rest:
         LOG.info("%s: %s (%s)", r["op"], r["runs_on"], r["reason"])
     report += rest

@@ -18,12 +18,14 @@ all bound by memory:
   - nests too small to pay for waking the thread pool (about 16k multiply-adds) stay serial.
 A function none of the rules fits stays as TVM lowered it; the report says which and why.
 
-The transcendental maps (`VECTOR_MATH`: exp, sigmoid, SiLU, GELU in its erf form) are legalized
-to our vector math (intrinsics.f32_vmath: range reduction and polynomials, no libm call, so the
-nest vectorizes; bounds in microkernels/f32_vmath.py) instead of TVM's, which calls the scalar
-expf once per element (EfficientNet-B0's SiLU alone was half its time) and computes GELU as
-1 + erf(x / sqrt 2), which cancels to 0 below x = -5. They fuse with their elementwise
-neighbours as TVM's own would.
+The transcendental maps (`VECTOR_MATH`: exp, sigmoid, SiLU, GELU in its erf form) on float32
+tensors of static shape are legalized to our vector math instead of TVM's, which calls the
+scalar expf once per element (EfficientNet-B0's SiLU alone was half its time) and computes GELU
+as 1 + erf(x / sqrt 2), which cancels to 0 below x = -5: each becomes a call of our row kernel
+(microkernels/f32_vmap.py, range reduction and polynomials, bounds in microkernels/f32_vmath.py)
+over the tensor in parallel chunks (intrinsics.f32_vmath.map_func), opaque to FuseOps, so an
+elementwise neighbour is a pass of its own. SiLU as the ONNX export writes it, x * sigmoid(x)
+(either order), becomes one SiLU first: one pass, not two, and SiLU's bound, not the sum of two.
 
 Functions are renamed `mk_<op>` (a prefix `bench`'s breakdown counts as ours) and marked
 scheduled and opaque, so `tvm.compile`'s own FuseOps does not fuse them again.
@@ -40,31 +42,59 @@ from tvm.s_tir.dlight.base import try_inline
 
 from intrinsics import f32_vmath
 
+from ..common.targets import float_isa, resolve
 from . import exprs
 
 PREFIX = "mk_"
 SERIAL_WORK = 1 << 14  # below this many loop iterations a parallel region costs more than it saves
 VECTOR_STEPS = (64, 32, 16, 8, 4)  # inner vector loop lengths tried, longest first (LLVM splits into registers)
 _OPAQUE = 8  # relax.OpPatternKind.kOpaque
+_VECTOR_MATH_ATTR = "mk_vector_math"  # on the legalized vector math functions: the report's reason
 
 
 # Relax op -> the f32_vmath function it computes (float32 only; other dtypes keep TVM's).
 VECTOR_MATH = {"relax.exp": "exp", "relax.sigmoid": "sigmoid", "relax.nn.silu": "silu", "relax.nn.gelu": "gelu"}
 
 
-def _vector_math_legalizer(op_name: str, fn: str):
+def _vector_math_legalizer(op_name: str, fn: str, isa, threads: int | None):
     default = tvm.ir.Op.get(op_name).get_attr("FLegalize")
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-        if exprs.dtype(call.args[0]) != "float32":
+        x = call.args[0]
+        shape = exprs.shape(x)
+        if exprs.dtype(x) != "float32" or shape is None:
             return default(bb, call)
-        return bb.call_te(f32_vmath.te_map(fn), call.args[0], primfunc_name_hint=fn)
+        func = f32_vmath.map_func(fn, shape, isa, threads)
+        how = f"vector math: {f32_vmath.describe(fn, shape, isa, threads)}"
+        func = func.without_attr("global_symbol").with_attr("tir.is_scheduled", True).with_attr(
+            "op_pattern", _OPAQUE).with_attr(_VECTOR_MATH_ATTR, how)
+        gv = bb.add_func(func, PREFIX + fn)
+        bb.update_func(gv, func.with_attr("global_symbol", gv.name_hint))  # the name add_func made unique
+        return relax.call_tir(gv, [x], x.ty)
 
     return legalize
 
 
-def _legalize() -> tvm.transform.Pass:
-    ours = {op: _vector_math_legalizer(op, fn) for op, fn in VECTOR_MATH.items()}
+def silu_from_parts(mod: tvm.IRModule) -> tvm.IRModule:
+    """x * sigmoid(x) and sigmoid(x) * x -> silu(x) in every Relax function of `mod` (the same x:
+    a product with another tensor's sigmoid is left alone)."""
+    from tvm.relax import dpl
+
+    x = dpl.wildcard()
+    sig = dpl.is_op("relax.sigmoid")(x)
+    pattern = dpl.is_op("relax.multiply")(x, sig) | dpl.is_op("relax.multiply")(sig, x)
+
+    def rewrite(_call, matched):
+        return relax.op.nn.silu(matched[x])
+
+    out = {}
+    for gv, func in mod.functions_items():
+        out[gv] = dpl.rewrite_call(pattern, rewrite, func) if isinstance(func, relax.Function) else func
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
+def _legalize(isa, threads: int | None) -> tvm.transform.Pass:
+    ours = {op: _vector_math_legalizer(op, fn, isa, threads) for op, fn in VECTOR_MATH.items()}
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=ours),
         relax.transform.AnnotateTIROpPattern(),
@@ -177,18 +207,24 @@ class _Rename(relax.PyExprMutator):
         return self.names.get(gv, gv)
 
 
-def schedule_rest(mod: tvm.IRModule, threads: int | None, report: list | None = None) -> tvm.IRModule:
+def schedule_rest(mod: tvm.IRModule, threads: int | None, report: list | None = None, isa=None) -> tvm.IRModule:
     """Legalize every Relax op `mod` still has and schedule each PrimFunc that is not ours.
     `report` (a list) receives one dict per function, as optimize's report has them: "op" (its
     name), "runs_on" ("ours": scheduled here, "tvm": no rule fits, "view": a reshape that
-    copies nothing) and "reason"."""
+    copies nothing) and "reason". isa: the vector math's (an x86 float32 Isa; None: this host's
+    best)."""
     report = [] if report is None else report
-    mod = _legalize()(mod)
+    mod = _legalize(float_isa(resolve("native") if isa is None else isa), threads)(silu_from_parts(mod))
     rename = _Rename(mod, {})
     taken = {gv.name_hint for gv, _ in mod.functions_items()}
     for gv, func in mod.functions_items():
         name = gv.name_hint
-        if not isinstance(func, tirx.PrimFunc) or name.startswith(PREFIX):
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        if _VECTOR_MATH_ATTR in (func.attrs or {}):
+            report.append({"op": name, "runs_on": "ours", "reason": str(func.attrs[_VECTOR_MATH_ATTR])})
+            continue
+        if name.startswith(PREFIX):
             continue
         if relax.analysis.has_reshape_pattern(func):
             # RewriteDataflowReshape (in tvm.compile) turns these into views: no copy, no loop.

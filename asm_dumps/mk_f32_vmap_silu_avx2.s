@@ -5,116 +5,187 @@ main_compute_:
  vmovups %ymm0, -40(%rsp)
  vbroadcastss .L1(%rip), %ymm0
  vmovups %ymm0, -72(%rsp)
- vpbroadcastd .L2(%rip), %ymm13
- vbroadcastss .L3(%rip), %ymm11
- vbroadcastss .L4(%rip), %ymm15
-.L5:
- vmovups 32(%rdi,%rax,4), %ymm14
- vorps -72(%rsp), %ymm14, %ymm5
- vbroadcastss .L6(%rip), %ymm10
- vmaxps %ymm5, %ymm10, %ymm1
+ vbroadcastss .L2(%rip), %ymm11
+ vbroadcastss .L3(%rip), %ymm8
+ vbroadcastss .L4(%rip), %ymm12
+ vbroadcastss .L5(%rip), %ymm13
+ jmp .L6
+.L7:
+ vbroadcastss .L8(%rip), %ymm0
+ vmaxps %ymm15, %ymm0, %ymm1
+ vmaxps %ymm14, %ymm0, %ymm6
  vxorps %xmm0, %xmm0, %xmm0
- vcmpleps %ymm0, %ymm1, %ymm2
- vandps %ymm1, %ymm2, %ymm2
- vbroadcastss .L7(%rip), %ymm7
- vmulps %ymm7, %ymm2, %ymm1
- vroundps $8, %ymm1, %ymm1
- vbroadcastss .L8(%rip), %ymm8
- vfmadd231ps %ymm8, %ymm1, %ymm2
+ vcmpleps %ymm0, %ymm6, %ymm7
+ vandps %ymm6, %ymm7, %ymm6
+ vmulps %ymm6, %ymm11, %ymm7
+ vroundps $8, %ymm7, %ymm7
  vbroadcastss .L9(%rip), %ymm0
- vfmadd231ps %ymm0, %ymm1, %ymm2
- vmulps %ymm2, %ymm2, %ymm3
- vbroadcastss .L10(%rip), %ymm12
- vmovaps %ymm12, %ymm9
- vfmadd213ps %ymm11, %ymm2, %ymm9
- vbroadcastss .L11(%rip), %ymm4
- vfmadd213ps %ymm4, %ymm2, %ymm9
- vbroadcastss .L12(%rip), %ymm10
- vfmadd213ps %ymm10, %ymm2, %ymm9
- vfmadd213ps %ymm15, %ymm2, %ymm9
- vbroadcastss .L13(%rip), %ymm6
- vmaxps %ymm5, %ymm6, %ymm5
- vxorps %xmm6, %xmm6, %xmm6
- vcmpleps %ymm6, %ymm5, %ymm6
- vandps %ymm5, %ymm6, %ymm5
- vmulps %ymm7, %ymm5, %ymm6
- vroundps $8, %ymm6, %ymm6
- vfmadd213ps %ymm2, %ymm3, %ymm9
- vfmadd231ps %ymm8, %ymm6, %ymm5
- vfmadd231ps %ymm0, %ymm6, %ymm5
- vmulps %ymm5, %ymm5, %ymm2
- vfmadd213ps %ymm11, %ymm5, %ymm12
- vfmadd213ps %ymm4, %ymm5, %ymm12
- vfmadd213ps %ymm10, %ymm5, %ymm12
- vfmadd213ps %ymm15, %ymm5, %ymm12
- vfmadd213ps %ymm5, %ymm2, %ymm12
- vcvttps2dq %ymm6, %ymm2
- vpsrad $1, %ymm2, %ymm2
- vcvtdq2ps %ymm2, %ymm2
- vsubps %ymm2, %ymm6, %ymm5
- vbroadcastss .L2(%rip), %ymm0
- vaddps %ymm0, %ymm12, %ymm6
- vsubps %ymm6, %ymm0, %ymm7
- vaddps %ymm7, %ymm12, %ymm3
- vcvttps2dq %ymm2, %ymm2
- vpslld $23, %ymm2, %ymm2
- vpaddd %ymm2, %ymm13, %ymm2
- vmulps %ymm2, %ymm6, %ymm6
+ vminps %ymm0, %ymm1, %ymm1
+ vfmadd231ps %ymm8, %ymm7, %ymm6
+ vfmadd231ps %ymm12, %ymm7, %ymm6
+ vmulps %ymm6, %ymm6, %ymm9
+ vbroadcastss .L10(%rip), %ymm2
+ vmovaps %ymm2, %ymm5
+ vbroadcastss .L11(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm6, %ymm5
+ vbroadcastss .L12(%rip), %ymm4
+ vfmadd213ps %ymm4, %ymm6, %ymm5
+ vfmadd213ps %ymm13, %ymm6, %ymm5
+ vbroadcastss .L13(%rip), %ymm10
+ vfmadd213ps %ymm10, %ymm6, %ymm5
+ vfmadd213ps %ymm6, %ymm9, %ymm5
+ vcvttps2dq %ymm7, %ymm6
+ vpsrad $1, %ymm6, %ymm6
+ vcvtdq2ps %ymm6, %ymm6
+ vsubps %ymm6, %ymm7, %ymm7
+ vfmadd132ps %ymm1, %ymm1, %ymm5
+ vcvttps2dq %ymm6, %ymm1
+ vpslld $23, %ymm1, %ymm6
+ vpbroadcastd .L14(%rip), %ymm1
+ vpaddd %ymm1, %ymm6, %ymm6
+ vmulps %ymm6, %ymm5, %ymm5
+ vcvttps2dq %ymm7, %ymm6
+ vpslld $23, %ymm6, %ymm6
+ vpaddd %ymm1, %ymm6, %ymm6
+ vbroadcastss .L15(%rip), %ymm7
+ vmaxps %ymm14, %ymm7, %ymm7
+ vxorps %xmm9, %xmm9, %xmm9
+ vcmpleps %ymm9, %ymm7, %ymm9
+ vandps %ymm7, %ymm9, %ymm7
+ vmulps %ymm7, %ymm11, %ymm9
+ vroundps $8, %ymm9, %ymm9
+ vmulps %ymm6, %ymm5, %ymm14
+ vfmadd231ps %ymm8, %ymm9, %ymm7
+ vfmadd231ps %ymm12, %ymm9, %ymm7
+ vmulps %ymm7, %ymm7, %ymm5
+ vmovaps %ymm2, %ymm6
+ vfmadd213ps %ymm0, %ymm7, %ymm6
+ vfmadd213ps %ymm4, %ymm7, %ymm6
+ vfmadd213ps %ymm13, %ymm7, %ymm6
+ vfmadd213ps %ymm10, %ymm7, %ymm6
+ vfmadd213ps %ymm7, %ymm5, %ymm6
+ vcvttps2dq %ymm9, %ymm5
+ vpsrad $1, %ymm5, %ymm5
+ vcvtdq2ps %ymm5, %ymm5
+ vsubps %ymm5, %ymm9, %ymm7
+ vbroadcastss .L14(%rip), %ymm2
+ vaddps %ymm2, %ymm6, %ymm9
+ vsubps %ymm9, %ymm2, %ymm10
+ vaddps %ymm6, %ymm10, %ymm6
  vcvttps2dq %ymm5, %ymm5
  vpslld $23, %ymm5, %ymm5
- vpaddd %ymm5, %ymm13, %ymm5
- vmulps %ymm5, %ymm6, %ymm6
- vmulps %ymm2, %ymm3, %ymm2
- vmulps %ymm5, %ymm2, %ymm3
- vaddps %ymm0, %ymm6, %ymm5
- vsubps %ymm5, %ymm0, %ymm2
- vaddps %ymm2, %ymm6, %ymm7
- vxorps %xmm2, %xmm2, %xmm2
- vcmpltps %ymm2, %ymm14, %ymm2
+ vpaddd %ymm1, %ymm5, %ymm5
+ vmulps %ymm5, %ymm9, %ymm9
+ vcvttps2dq %ymm7, %ymm7
+ vpslld $23, %ymm7, %ymm7
+ vpaddd %ymm1, %ymm7, %ymm1
+ vmulps %ymm1, %ymm9, %ymm7
+ vmulps %ymm5, %ymm6, %ymm5
+ vmulps %ymm1, %ymm5, %ymm1
+ vaddps %ymm2, %ymm7, %ymm5
+ vsubps %ymm5, %ymm2, %ymm6
+ vaddps %ymm6, %ymm7, %ymm6
+ vxorps %xmm0, %xmm0, %xmm0
+ vcmpltps %ymm0, %ymm15, %ymm9
  vxorps %xmm4, %xmm4, %xmm4
- vblendvps %ymm2, %ymm6, %ymm0, %ymm6
- vaddps %ymm7, %ymm3, %ymm7
- vandps %ymm3, %ymm2, %ymm3
- vmulps %ymm6, %ymm14, %ymm8
- vfmsub213ps %ymm8, %ymm14, %ymm6
- vfmadd231ps %ymm3, %ymm14, %ymm6
- vdivps %ymm5, %ymm8, %ymm3
- vfnmadd231ps %ymm5, %ymm3, %ymm8
- vdivps %ymm5, %ymm0, %ymm5
- vaddps %ymm6, %ymm8, %ymm6
- vfnmadd231ps %ymm7, %ymm3, %ymm6
- vfmadd213ps %ymm3, %ymm6, %ymm5
- vbroadcastss .L6(%rip), %ymm0
- vmaxps %ymm14, %ymm0, %ymm3
- vbroadcastss .L14(%rip), %ymm6
- vminps %ymm6, %ymm3, %ymm3
- vfmadd132ps %ymm3, %ymm3, %ymm9
- vcvttps2dq %ymm1, %ymm3
- vpsrad $1, %ymm3, %ymm3
- vcvtdq2ps %ymm3, %ymm3
- vsubps %ymm3, %ymm1, %ymm1
- vcvttps2dq %ymm3, %ymm3
- vpslld $23, %ymm3, %ymm3
- vpaddd %ymm3, %ymm13, %ymm3
- vmulps %ymm3, %ymm9, %ymm3
- vcvttps2dq %ymm1, %ymm1
- vpslld $23, %ymm1, %ymm1
- vpaddd %ymm1, %ymm13, %ymm1
- vmulps %ymm1, %ymm3, %ymm1
- vblendvps %ymm2, %ymm1, %ymm14, %ymm1
- vandps -40(%rsp), %ymm14, %ymm2
- vbroadcastss .L15(%rip), %ymm0
- vcmpltps %ymm2, %ymm0, %ymm2
- vblendvps %ymm2, %ymm1, %ymm5, %ymm1
- vcmpunordps %ymm4, %ymm14, %ymm2
- vblendvps %ymm2, %ymm14, %ymm1, %ymm1
+ vblendvps %ymm9, %ymm7, %ymm2, %ymm7
+ vaddps %ymm6, %ymm1, %ymm6
+ vandps %ymm1, %ymm9, %ymm1
+ vmulps %ymm7, %ymm15, %ymm10
+ vfmsub213ps %ymm10, %ymm15, %ymm7
+ vfmadd231ps %ymm1, %ymm15, %ymm7
+ vdivps %ymm5, %ymm10, %ymm1
+ vfnmadd231ps %ymm5, %ymm1, %ymm10
+ vaddps %ymm7, %ymm10, %ymm7
  vbroadcastss .L16(%rip), %ymm0
- vcmpltps %ymm0, %ymm14, %ymm2
+ vblendvps %ymm9, %ymm14, %ymm15, %ymm9
+ vfnmadd231ps %ymm6, %ymm1, %ymm7
+ vdivps %ymm5, %ymm2, %ymm5
+ vfmadd213ps %ymm1, %ymm7, %ymm5
+ vcmpltps %ymm3, %ymm0, %ymm1
+ vblendvps %ymm1, %ymm9, %ymm5, %ymm1
+ vcmpunordps %ymm4, %ymm15, %ymm3
+ vblendvps %ymm3, %ymm15, %ymm1, %ymm1
  vbroadcastss .L17(%rip), %ymm0
- vblendvps %ymm2, %ymm0, %ymm1, %ymm1
+ vcmpltps %ymm0, %ymm15, %ymm3
+ vbroadcastss .L18(%rip), %ymm0
+ vblendvps %ymm3, %ymm0, %ymm1, %ymm1
  vmovups %ymm1, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
- jb .L5
+ jae .L19
+.L6:
+ vmovups 32(%rdi,%rax,4), %ymm15
+ vandps -40(%rsp), %ymm15, %ymm3
+ vbroadcastss .L16(%rip), %ymm0
+ vcmpnleps %ymm0, %ymm3, %ymm1
+ vtestps %ymm1, %ymm1
+ vxorps -72(%rsp), %ymm3, %ymm14
+ jne .L7
+ vbroadcastss .L15(%rip), %ymm1
+ vmaxps %ymm14, %ymm1, %ymm1
+ vxorps %xmm2, %xmm2, %xmm2
+ vcmpleps %ymm2, %ymm1, %ymm3
+ vandps %ymm1, %ymm3, %ymm1
+ vbroadcastss .L2(%rip), %ymm3
+ vmulps %ymm3, %ymm1, %ymm3
+ vroundps $8, %ymm3, %ymm3
+ vbroadcastss .L3(%rip), %ymm5
+ vfmadd231ps %ymm5, %ymm3, %ymm1
+ vbroadcastss .L4(%rip), %ymm5
+ vfmadd231ps %ymm5, %ymm3, %ymm1
+ vmulps %ymm1, %ymm1, %ymm14
+ vbroadcastss .L10(%rip), %ymm9
+ vbroadcastss .L11(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm1, %ymm9
+ vbroadcastss .L12(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm1, %ymm9
+ vbroadcastss .L5(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm1, %ymm9
+ vbroadcastss .L13(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm1, %ymm9
+ vfmadd213ps %ymm1, %ymm14, %ymm9
+ vcvttps2dq %ymm3, %ymm1
+ vpsrad $1, %ymm1, %ymm1
+ vcvtdq2ps %ymm1, %ymm1
+ vsubps %ymm1, %ymm3, %ymm3
+ vbroadcastss .L14(%rip), %ymm0
+ vaddps %ymm0, %ymm9, %ymm14
+ vsubps %ymm14, %ymm0, %ymm6
+ vaddps %ymm6, %ymm9, %ymm6
+ vcvttps2dq %ymm1, %ymm1
+ vpslld $23, %ymm1, %ymm1
+ vpbroadcastd .L14(%rip), %ymm9
+ vpaddd %ymm1, %ymm9, %ymm1
+ vmulps %ymm1, %ymm14, %ymm14
+ vcvttps2dq %ymm3, %ymm3
+ vpslld $23, %ymm3, %ymm3
+ vpaddd %ymm3, %ymm9, %ymm3
+ vmulps %ymm3, %ymm14, %ymm9
+ vmulps %ymm1, %ymm6, %ymm1
+ vmulps %ymm3, %ymm1, %ymm1
+ vaddps %ymm0, %ymm9, %ymm3
+ vsubps %ymm3, %ymm0, %ymm6
+ vaddps %ymm6, %ymm9, %ymm6
+ vaddps %ymm6, %ymm1, %ymm6
+ vcmpltps %ymm2, %ymm15, %ymm14
+ vblendvps %ymm14, %ymm9, %ymm0, %ymm9
+ vandps %ymm1, %ymm14, %ymm1
+ vmulps %ymm9, %ymm15, %ymm14
+ vdivps %ymm3, %ymm14, %ymm7
+ vfmsub213ps %ymm14, %ymm15, %ymm9
+ vfmadd231ps %ymm1, %ymm15, %ymm9
+ vfnmadd231ps %ymm3, %ymm7, %ymm14
+ vaddps %ymm14, %ymm9, %ymm1
+ vfnmadd231ps %ymm6, %ymm7, %ymm1
+ vdivps %ymm3, %ymm0, %ymm3
+ vfmadd213ps %ymm7, %ymm1, %ymm3
+ vcmpunordps %ymm2, %ymm15, %ymm1
+ vblendvps %ymm1, %ymm15, %ymm3, %ymm1
+ vmovups %ymm1, 32(%rsi,%rax,4)
+ addq $8, %rax
+ cmpq $992, %rax
+ jb .L6
+.L19:
  vzeroupper
  retq

@@ -4,29 +4,27 @@ main_compute_:
  vbroadcastss .L1(%rip), %zmm12
  vbroadcastss .L2(%rip), %zmm13
  movq $-16, %rax
- vbroadcastss .L3(%rip), %zmm14
- vxorps %xmm15, %xmm15, %xmm15
+ vbroadcastss .L3(%rip), %zmm10
+ vxorps %xmm14, %xmm14, %xmm14
  vbroadcastss .L4(%rip), %zmm9
  vbroadcastss .L5(%rip), %zmm3
  vbroadcastss .L6(%rip), %zmm8
- vbroadcastss .L7(%rip), %zmm6
- vbroadcastss .L8(%rip), %zmm2
- vbroadcastss .L9(%rip), %zmm7
+ vbroadcastss .L7(%rip), %zmm2
+ vbroadcastss .L8(%rip), %zmm7
+ vbroadcastss .L9(%rip), %zmm6
  vbroadcastss .L10(%rip), %zmm5
  vbroadcastss .L11(%rip), %zmm4
- vpbroadcastd .L12(%rip), %zmm1
- vbroadcastss .L13(%rip), %zmm10
  vbroadcastss .L12(%rip), %zmm0
+ vpbroadcastd .L12(%rip), %zmm1
+ vbroadcastss .L13(%rip), %zmm15
  vbroadcastss .L14(%rip), %zmm16
  vbroadcastss .L15(%rip), %zmm17
-.L16:
- vmovups 64(%rdi,%rax,4), %zmm18
- vmaxps %zmm18, %zmm11, %zmm19
- vminps %zmm12, %zmm19, %zmm20
- vandps %zmm13, %zmm18, %zmm19
- vorps %zmm14, %zmm18, %zmm22
- vmaxps %zmm22, %zmm11, %zmm21
- vcmpleps %zmm15, %zmm21, %k1
+ jmp .L16
+.L17:
+ vmaxps %zmm18, %zmm15, %zmm20
+ vminps %zmm16, %zmm20, %zmm20
+ vmaxps %zmm22, %zmm15, %zmm21
+ vcmpleps %zmm14, %zmm21, %k1
  vmovaps %zmm21, %zmm21 {%k1} {z}
  vmulps %zmm9, %zmm21, %zmm23
  vrndscaleps $8, %zmm23, %zmm23
@@ -34,8 +32,8 @@ main_compute_:
  vfmadd231ps %zmm8, %zmm23, %zmm21
  vmulps %zmm21, %zmm21, %zmm24
  vmovaps %zmm2, %zmm25
- vfmadd213ps %zmm6, %zmm21, %zmm25
  vfmadd213ps %zmm7, %zmm21, %zmm25
+ vfmadd213ps %zmm6, %zmm21, %zmm25
  vfmadd213ps %zmm5, %zmm21, %zmm25
  vfmadd213ps %zmm4, %zmm21, %zmm25
  vfmadd213ps %zmm21, %zmm24, %zmm25
@@ -52,7 +50,7 @@ main_compute_:
  vpslld $23, %zmm21, %zmm21
  vpaddd %zmm1, %zmm21, %zmm21
  vmaxps %zmm22, %zmm10, %zmm22
- vcmpleps %zmm15, %zmm22, %k1
+ vcmpleps %zmm14, %zmm22, %k1
  vmovaps %zmm22, %zmm22 {%k1} {z}
  vmulps %zmm9, %zmm22, %zmm23
  vrndscaleps $8, %zmm23, %zmm23
@@ -60,8 +58,8 @@ main_compute_:
  vfmadd231ps %zmm8, %zmm23, %zmm22
  vmulps %zmm22, %zmm22, %zmm24
  vmovaps %zmm2, %zmm25
- vfmadd213ps %zmm6, %zmm22, %zmm25
  vfmadd213ps %zmm7, %zmm22, %zmm25
+ vfmadd213ps %zmm6, %zmm22, %zmm25
  vfmadd213ps %zmm5, %zmm22, %zmm25
  vfmadd213ps %zmm4, %zmm22, %zmm25
  vfmadd213ps %zmm22, %zmm24, %zmm25
@@ -86,39 +84,100 @@ main_compute_:
  vsubps %zmm23, %zmm0, %zmm25
  vaddps %zmm25, %zmm24, %zmm25
  vaddps %zmm25, %zmm22, %zmm25
- vcmpltps %zmm15, %zmm18, %k1
+ vcmpltps %zmm14, %zmm18, %k1
  vblendmps %zmm24, %zmm0, %zmm24 {%k1}
  vmovaps %zmm22, %zmm22 {%k1} {z}
  vmulps %zmm24, %zmm18, %zmm26
  vfmsub213ps %zmm26, %zmm18, %zmm24
  vfmadd231ps %zmm22, %zmm18, %zmm24
- vdivps %zmm23, %zmm26, %zmm22
- vfnmadd231ps %zmm23, %zmm22, %zmm26
+ vdivps %zmm23, %zmm26, %zmm27
+ vfnmadd231ps %zmm23, %zmm27, %zmm26
  vaddps %zmm26, %zmm24, %zmm24
- vfnmadd231ps %zmm25, %zmm22, %zmm24
- vdivps %zmm23, %zmm0, %zmm23
- vfmadd213ps %zmm22, %zmm24, %zmm23
- vcmpgtps %zmm16, %zmm19, %k2
+ vfnmadd231ps %zmm25, %zmm27, %zmm24
+ vdivps %zmm23, %zmm0, %zmm22
+ vfmadd213ps %zmm27, %zmm24, %zmm22
+ vcmpgtps %zmm12, %zmm19, %k2
  vmovaps %zmm18, %zmm19
  vmulps %zmm21, %zmm20, %zmm19 {%k1}
- vmovaps %zmm19, %zmm23 {%k2}
- vcmpunordps %zmm15, %zmm18, %k1
- vmovaps %zmm18, %zmm23 {%k1}
+ vmovaps %zmm19, %zmm22 {%k2}
+ vcmpunordps %zmm14, %zmm18, %k1
+ vmovaps %zmm18, %zmm22 {%k1}
  vcmpltps %zmm17, %zmm18, %k1
- vbroadcastss .L17(%rip), %zmm23 {%k1}
- vmovups %zmm23, 64(%rsi,%rax,4)
+ vbroadcastss .L18(%rip), %zmm22 {%k1}
+ vmovups %zmm22, 64(%rsi,%rax,4)
+ addq $16, %rax
+ cmpq $976, %rax
+ jae .L19
+.L16:
+ vmovups 64(%rdi,%rax,4), %zmm18
+ vandps %zmm11, %zmm18, %zmm19
+ vcmpnleps %zmm12, %zmm19, %k0
+ kortestw %k0, %k0
+ vxorps %zmm13, %zmm19, %zmm22
+ jne .L17
+ vmaxps %zmm22, %zmm10, %zmm19
+ vcmpleps %zmm14, %zmm19, %k1
+ vmovaps %zmm19, %zmm19 {%k1} {z}
+ vmulps %zmm9, %zmm19, %zmm20
+ vrndscaleps $8, %zmm20, %zmm20
+ vfmadd231ps %zmm3, %zmm20, %zmm19
+ vfmadd231ps %zmm8, %zmm20, %zmm19
+ vmulps %zmm19, %zmm19, %zmm21
+ vmovaps %zmm2, %zmm22
+ vfmadd213ps %zmm7, %zmm19, %zmm22
+ vfmadd213ps %zmm6, %zmm19, %zmm22
+ vfmadd213ps %zmm5, %zmm19, %zmm22
+ vfmadd213ps %zmm4, %zmm19, %zmm22
+ vfmadd213ps %zmm19, %zmm21, %zmm22
+ vcvttps2dq %zmm20, %zmm19
+ vpsrad $1, %zmm19, %zmm19
+ vcvtdq2ps %zmm19, %zmm19
+ vsubps %zmm19, %zmm20, %zmm20
+ vaddps %zmm0, %zmm22, %zmm21
+ vsubps %zmm21, %zmm0, %zmm23
+ vaddps %zmm23, %zmm22, %zmm22
+ vcvttps2dq %zmm19, %zmm19
+ vpslld $23, %zmm19, %zmm19
+ vpaddd %zmm1, %zmm19, %zmm19
+ vmulps %zmm19, %zmm21, %zmm21
+ vcvttps2dq %zmm20, %zmm20
+ vpslld $23, %zmm20, %zmm20
+ vpaddd %zmm1, %zmm20, %zmm20
+ vmulps %zmm20, %zmm21, %zmm21
+ vmulps %zmm19, %zmm22, %zmm19
+ vmulps %zmm20, %zmm19, %zmm19
+ vaddps %zmm0, %zmm21, %zmm20
+ vsubps %zmm20, %zmm0, %zmm22
+ vaddps %zmm22, %zmm21, %zmm22
+ vaddps %zmm22, %zmm19, %zmm22
+ vcmpltps %zmm14, %zmm18, %k1
+ vblendmps %zmm21, %zmm0, %zmm21 {%k1}
+ vmovaps %zmm19, %zmm19 {%k1} {z}
+ vmulps %zmm21, %zmm18, %zmm23
+ vfmsub213ps %zmm23, %zmm18, %zmm21
+ vfmadd231ps %zmm19, %zmm18, %zmm21
+ vdivps %zmm20, %zmm23, %zmm19
+ vfnmadd231ps %zmm20, %zmm19, %zmm23
+ vaddps %zmm23, %zmm21, %zmm21
+ vfnmadd231ps %zmm22, %zmm19, %zmm21
+ vdivps %zmm20, %zmm0, %zmm22
+ vfmadd213ps %zmm19, %zmm21, %zmm22
+ vcmpunordps %zmm14, %zmm18, %k1
+ vmovaps %zmm18, %zmm22 {%k1}
+ vmovups %zmm22, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
  jb .L16
+.L19:
  kxnorb %k0, %k0, %k1
- vmovups 3968(%rdi), %zmm12 {%k1} {z}
- vmaxps %zmm12, %zmm11, %zmm13
- vminps .L1(%rip){1to16}, %zmm13, %zmm14
- vandps .L2(%rip){1to16}, %zmm12, %zmm13
- vorps .L3(%rip){1to16}, %zmm12, %zmm16
- vmaxps %zmm16, %zmm11, %zmm15
- vxorps %xmm11, %xmm11, %xmm11
- vcmpleps %zmm11, %zmm15, %k2
+ vmovups 3968(%rdi), %zmm11 {%k1} {z}
+ vmaxps %zmm11, %zmm15, %zmm12
+ vminps .L14(%rip){1to16}, %zmm12, %zmm14
+ vandps .L0(%rip){1to16}, %zmm11, %zmm13
+ vorps .L2(%rip){1to16}, %zmm11, %zmm16
+ vmaxps %zmm16, %zmm15, %zmm15
+ vxorps %xmm12, %xmm12, %xmm12
+ vcmpleps %zmm12, %zmm15, %k2
  vmovaps %zmm15, %zmm15 {%k2} {z}
  vmulps %zmm9, %zmm15, %zmm17
  vrndscaleps $8, %zmm17, %zmm17
@@ -126,8 +185,8 @@ main_compute_:
  vfmadd231ps %zmm8, %zmm17, %zmm15
  vmulps %zmm15, %zmm15, %zmm18
  vmovaps %zmm2, %zmm19
- vfmadd213ps %zmm6, %zmm15, %zmm19
  vfmadd213ps %zmm7, %zmm15, %zmm19
+ vfmadd213ps %zmm6, %zmm15, %zmm19
  vfmadd213ps %zmm5, %zmm15, %zmm19
  vfmadd213ps %zmm4, %zmm15, %zmm19
  vfmadd213ps %zmm15, %zmm18, %zmm19
@@ -144,15 +203,15 @@ main_compute_:
  vpslld $23, %zmm15, %zmm15
  vpaddd %zmm1, %zmm15, %zmm15
  vmaxps %zmm16, %zmm10, %zmm10
- vcmpleps %zmm11, %zmm10, %k2
+ vcmpleps %zmm12, %zmm10, %k2
  vmovaps %zmm10, %zmm10 {%k2} {z}
  vmulps %zmm9, %zmm10, %zmm9
  vrndscaleps $8, %zmm9, %zmm9
  vfmadd213ps %zmm10, %zmm9, %zmm3
  vfmadd231ps %zmm8, %zmm9, %zmm3
  vmulps %zmm3, %zmm3, %zmm8
- vfmadd213ps %zmm6, %zmm3, %zmm2
  vfmadd213ps %zmm7, %zmm3, %zmm2
+ vfmadd213ps %zmm6, %zmm3, %zmm2
  vfmadd213ps %zmm5, %zmm3, %zmm2
  vfmadd213ps %zmm4, %zmm3, %zmm2
  vfmadd213ps %zmm3, %zmm8, %zmm2
@@ -177,26 +236,26 @@ main_compute_:
  vsubps %zmm2, %zmm0, %zmm3
  vaddps %zmm3, %zmm4, %zmm3
  vaddps %zmm3, %zmm1, %zmm3
- vcmpltps %zmm11, %zmm12, %k2
+ vcmpltps %zmm12, %zmm11, %k2
  vblendmps %zmm4, %zmm0, %zmm4 {%k2}
  vmovaps %zmm1, %zmm1 {%k2} {z}
- vmulps %zmm4, %zmm12, %zmm5
- vfmsub213ps %zmm5, %zmm12, %zmm4
- vfmadd231ps %zmm1, %zmm12, %zmm4
+ vmulps %zmm4, %zmm11, %zmm5
+ vfmsub213ps %zmm5, %zmm11, %zmm4
+ vfmadd231ps %zmm1, %zmm11, %zmm4
  vdivps %zmm2, %zmm5, %zmm1
  vfnmadd231ps %zmm2, %zmm1, %zmm5
  vaddps %zmm5, %zmm4, %zmm4
  vfnmadd231ps %zmm3, %zmm1, %zmm4
  vdivps %zmm2, %zmm0, %zmm0
  vfmadd213ps %zmm1, %zmm4, %zmm0
- vcmpgtps .L14(%rip){1to16}, %zmm13, %k3
- vmovaps %zmm12, %zmm1
+ vcmpgtps .L1(%rip){1to16}, %zmm13, %k3
+ vmovaps %zmm11, %zmm1
  vmulps %zmm15, %zmm14, %zmm1 {%k2}
  vmovaps %zmm1, %zmm0 {%k3}
- vcmpunordps %zmm11, %zmm12, %k2
- vmovaps %zmm12, %zmm0 {%k2}
- vcmpltps .L15(%rip){1to16}, %zmm12, %k2
- vbroadcastss .L17(%rip), %zmm0 {%k2}
+ vcmpunordps %zmm12, %zmm11, %k2
+ vmovaps %zmm11, %zmm0 {%k2}
+ vcmpltps .L15(%rip){1to16}, %zmm11, %k2
+ vbroadcastss .L18(%rip), %zmm0 {%k2}
  vmovups %zmm0, 3968(%rsi) {%k1}
  vzeroupper
  retq

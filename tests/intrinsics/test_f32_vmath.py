@@ -187,6 +187,23 @@ def test_every_tail_and_chunk_writes_exactly_its_values(isa):
         assert (got[n:] == 7.0).all(), f"n={n}: wrote past the end"
 
 
+@pytest.mark.parametrize("isa", [i.name for i in RUNS])
+@pytest.mark.parametrize("name", sorted(vm.NEAR))
+def test_near_form_equals_the_full_form_bit_for_bit(name, isa):
+    """Values within NEAR in vectors of their own take the near form; the same values beside one
+    far value (or a NaN) in each vector take the full form: both give the same bits."""
+    lanes = ISAS[isa].lanes
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-vm.NEAR[name], vm.NEAR[name], (64, lanes)).astype(np.float32)
+    x[:, 0] = np.float32(vm.NEAR[name])  # the bound itself is near
+    mixed = x.copy()
+    mixed[:, -1] = np.where(np.arange(64) % 2, np.float32(-100.0), np.float32(np.nan))
+    near, full = evaluate(name, x.ravel(), isa), evaluate(name, mixed.ravel(), isa)
+    np.testing.assert_array_equal(near.reshape(64, lanes)[:, :-1], full.reshape(64, lanes)[:, :-1])
+    assert ulp_error(full.reshape(64, lanes)[1::2, -1], reference(name, mixed[1::2, -1])).max() <= vm.ULP_BOUND[name]
+    assert np.isnan(full.reshape(64, lanes)[::2, -1]).all()
+
+
 def test_chunks_give_each_thread_equal_whole_shares():
     """TVM's parallel loop gives each thread a contiguous run of ceil(calls / threads) calls:
     the values per thread must come out equal to within 1% and two vectors."""

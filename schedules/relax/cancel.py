@@ -1,6 +1,7 @@
 """Layout transforms that undo each other, cancelled: our NCHW convs come wrapped in transforms to
 and from the blocked layout, ConvertLayout's blocked neighbours add the opposite ones, and each
-such pair (and a pool between them) collapses so the blocked layout runs through."""
+such pair (and a pool, or a chain of elementwise maps, between them) collapses so the blocked
+layout runs through."""
 
 from __future__ import annotations
 
@@ -15,6 +16,25 @@ from . import exprs
 
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 _POOLS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d"))
+# Maps of one tensor, value by value, whatever its layout (the other arguments, if any, are
+# scalars): a pair of transforms that undo each other around a chain of them cancels, the maps
+# running on the blocked tensor instead (EfficientNet's SiLU after a conv on 24 input channels).
+_ELEMENTWISE = tuple(tvm.ir.Op.get(f"relax.{n}") for n in (
+    "nn.silu", "sigmoid", "exp", "nn.gelu", "nn.gelu_tanh", "nn.relu", "tanh", "clip", "nn.leakyrelu",
+    "negative", "abs"))
+# Binary ops whose second operand, a scalar constant, makes them such maps too (the maximum and
+# minimum a clip is split into, hardswish's + 3 and / 6).
+_WITH_SCALAR = tuple(tvm.ir.Op.get(f"relax.{n}") for n in ("maximum", "minimum", "add", "subtract", "multiply", "divide"))
+
+
+def _is_map(call) -> bool:
+    """Whether `call` maps its first argument value by value, whatever the layout (module doc)."""
+    if any(exprs.is_call(call, op) for op in _ELEMENTWISE):
+        return not any(isinstance(a.ty, relax.TensorType) for a in call.args[1:])
+    if any(exprs.is_call(call, op) for op in _WITH_SCALAR):
+        c = exprs.const(call.args[1])
+        return c is not None and c.ndim == 0
+    return False
 
 
 def _undoes(outer, inner) -> bool:
@@ -55,12 +75,15 @@ class _CancelTransforms(PyExprMutator):
     depthwise layers) come wrapped in transforms to and from NCHW16c, and ConvertLayout's blocked
     neighbours add the opposite ones: these pairs cancel, and the blocked layout runs through.
     A pool between such a pair (ResNet's max pool after its 3-channel stem, which ConvertLayout
-    saw in NCHW) runs in the blocked layout instead: back(pool(there(x))) -> pool(x), NCHW{b}c."""
+    saw in NCHW) runs in the blocked layout instead: back(pool(there(x))) -> pool(x), NCHW{b}c;
+    so does a chain of elementwise maps (_is_map), each used once: back(f(g(there(x)))) ->
+    f(g(x))."""
 
     def __init__(self, mod):
         super().__init__(mod)
         self.transforms: dict = {}  # var -> its layout_transform call (after remapping)
         self.pools: dict = {}  # var -> its NCHW pool call (after remapping)
+        self.maps: dict = {}  # var -> its elementwise call of a transform's output or another map's
         self.uses: dict = {}
 
     def prepare(self, func: relax.Function) -> None:
@@ -75,14 +98,36 @@ class _CancelTransforms(PyExprMutator):
                 self.builder_.emit_normalized(relax.VarBinding(binding.var, inner.args[0]))
                 return
             pooled = self._blocked_pool(src, value)
+            if pooled is None:
+                pooled = self._blocked_maps(src, value)
             if pooled is not None:
                 self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(pooled)))
                 return
             self.transforms[binding.var] = value
+        elif _is_map(value) and (value.args[0] in self.transforms or value.args[0] in self.maps):
+            self.maps[binding.var] = value
         elif any(exprs.is_call(value, op) for op in _POOLS) and str(value.attrs.layout) == "NCHW" and \
                 str(value.attrs.out_layout) == "NCHW":
             self.pools[binding.var] = value
         self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+
+    def _blocked_maps(self, src, back):
+        """The chain of elementwise maps ending at `src` applied to x instead, when `back`
+        undoes the transform `there` the chain starts from (there(x)) and each map's output has
+        no other user."""
+        chain = []
+        while src in self.maps and self.uses.get(src, 0) == 1:
+            chain.append(self.maps[src])
+            src = chain[-1].args[0]
+        there = self.transforms.get(src)
+        if not chain or there is None or not _undoes(back, there):
+            return None
+        out = there.args[0]
+        for i, call in enumerate(reversed(chain)):
+            if i:
+                out = self.builder_.emit(out)  # each map bound to a var of its own, as before
+            out = relax.Call(call.op, [out, *call.args[1:]], call.attrs)
+        return out
 
     def _blocked_pool(self, src, back):
         """pool(x) in x's blocked layout, when `back` re-blocks the output of an NCHW pool

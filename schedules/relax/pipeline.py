@@ -49,7 +49,7 @@ from .conv2d import LOG, SplitClips, swap
 from .fold import fold_layout_transforms, read_tuple_items
 from .int8 import qdq_convs
 from .linear import swap_matmuls
-from .rest import schedule_rest
+from .rest import schedule_rest, silu_from_parts
 
 
 def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = True,
@@ -72,7 +72,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
 
     @tvm.ir.transform.module_pass(opt_level=0, name="MicrokernelsConv2d")
     def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mod = read_tuple_items(mod)
+        mod = silu_from_parts(read_tuple_items(mod))  # one op the layout passes see through
         mod = qdq_convs(mod, target, threads, report)
         mod = _fold_batch_norms(mod, report)
         mod = exprs.mutate(mod, SplitClips(mod))

@@ -584,10 +584,10 @@ def test_a_maximum_with_a_nonzero_constant_is_not_a_relu():
     np.testing.assert_allclose(got, np.maximum(ref_conv2d(xv, w, padding=1), 0.5), rtol=1e-5, atol=1e-5)
 
 
-def _narrow_conv_then_maps(second_use: bool):
+def _narrow_conv_then_maps(second_use: bool, parts: bool = False):
     """A 1x1 conv on 24 channels (not whole blocks: NCHW, between transforms of its own), SiLU
     and a clip, then a 3x3 conv on 32 channels (blocked); second_use: the SiLU's output also
-    goes to the result."""
+    goes to the result; parts: SiLU written x * sigmoid(x), as torch.export and ONNX give it."""
     rng = np.random.default_rng(4)
     w1 = (rng.standard_normal((32, 24, 1, 1)) * 0.3).astype(np.float32)
     w2 = (rng.standard_normal((32, 32, 3, 3)) * 0.2).astype(np.float32)
@@ -596,7 +596,7 @@ def _narrow_conv_then_maps(second_use: bool):
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, relax.const(w1)))
-            s = bb.emit(relax.op.nn.silu(y))
+            s = bb.emit(relax.op.multiply(y, bb.emit(relax.op.sigmoid(y))) if parts else relax.op.nn.silu(y))
             c = bb.emit(relax.op.clip(s, 0.0, 4.0))
             out = bb.emit(relax.op.nn.conv2d(c, relax.const(w2), padding=1))
             if second_use:
@@ -606,12 +606,12 @@ def _narrow_conv_then_maps(second_use: bool):
     return bb.get(), rng.standard_normal((1, 24, 9, 9)).astype(np.float32)
 
 
-@pytest.mark.parametrize("second_use, left", [(False, 2), (True, 5)])
-def test_transforms_cancel_through_elementwise_maps(second_use, left):
+@pytest.mark.parametrize("second_use, parts, left", [(False, False, 2), (False, True, 2), (True, False, 5)])
+def test_transforms_cancel_through_elementwise_maps(second_use, parts, left):
     """to_nchw(conv) -> SiLU -> clip -> to_blocked: the pair cancels and the maps run blocked
     (the NCHW conv's input transform and the result's are left); where the SiLU's NCHW output
     has another user, every transform stays. Values as TVM's own build of the model."""
-    mod, xv = _narrow_conv_then_maps(second_use)
+    mod, xv = _narrow_conv_then_maps(second_use, parts)
     opt = mkrelax.optimize(mod, HOST, lower=False)
     assert calls(opt, "relax.layout_transform") == left
     close(run(lowered(opt), xv), run(mod, xv))

@@ -1,7 +1,8 @@
 """Layout transforms that undo each other, cancelled: our NCHW convs come wrapped in transforms to
 and from the blocked layout, ConvertLayout's blocked neighbours add the opposite ones, and each
 such pair (and a pool, or a chain of elementwise maps, between them) collapses so the blocked
-layout runs through."""
+layout runs through; a blocked tensor's NCHW copy that feeds maps, a spatial mean and a
+per-channel scale before going back to blocks (squeeze-and-excitation) runs blocked instead."""
 
 from __future__ import annotations
 
@@ -149,8 +150,119 @@ class _CancelTransforms(PyExprMutator):
                   out_layout=layout)
 
 
+_MEAN = tvm.ir.Op.get("relax.mean")
+_PER_CHANNEL = tuple(tvm.ir.Op.get(f"relax.{n}") for n in ("multiply", "add"))
+
+
+def _to_blocks(b: int):
+    return lambda n, c, h, w: (n, c // b, h, w, c % b)
+
+
+def _to_nchw(b: int):
+    return lambda n, c, h, w, i: (n, c * b + i, h, w)
+
+
+@expr_functor.mutator
+class _SinkTransforms(PyExprMutator):
+    """v = to_nchw(xb), a blocked tensor's NCHW copy, and what is computed from it by elementwise
+    maps, means over H and W and products (or sums) with a per-channel (1, C, 1, 1) tensor, each
+    computed again on the blocked tensor (its twin; the per-channel operand blocked, a copy of C
+    values); a transform of such a value back to blocks becomes its twin. This is the
+    squeeze-and-excitation block around our NCHW convs on 1x1 maps: the map's NCHW copy, its
+    activation, the pool and the scale all run blocked. The NCHW ops are left to dead code
+    elimination, and sink_transforms keeps the result only where none of them survives."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.blocked: dict = {}  # NCHW var -> (its blocked twin, the block)
+
+    def visit_var_binding_(self, binding):
+        value = self.visit_expr(binding.value)
+        if exprs.is_call(value, _LAYOUT_TRANSFORM) and value.args[0] in self.blocked:
+            xb, b = self.blocked[value.args[0]]
+            back = self.builder_.normalize(relax.op.layout_transform(xb, _to_nchw(b)))
+            if exprs.shape(value) == exprs.shape(xb) and _inverse(back, value, exprs.shape(xb)):
+                self.builder_.emit_normalized(relax.VarBinding(binding.var, xb))
+                return
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+        twin = self._twin(value)
+        if twin is not None:
+            expr, b = twin
+            self.blocked[binding.var] = (expr if isinstance(expr, relax.Var) else self.builder_.emit(expr), b)
+
+    def _twin(self, value):
+        """(the blocked twin of `value`, the block), or None."""
+        if not isinstance(value, relax.Call):
+            return None
+        args = value.args
+        if exprs.is_call(value, _LAYOUT_TRANSFORM):
+            shape, out = exprs.shape(args[0]), exprs.shape(value)
+            if not isinstance(args[0], relax.Var) or shape is None or out is None or len(shape) != 5 or len(out) != 4:
+                return None
+            b = shape[-1]
+            there = self.builder_.normalize(relax.op.layout_transform(value, _to_blocks(b)))
+            return (args[0], b) if _inverse(value, there, shape) else None
+        if not args or args[0] not in self.blocked and not any(a in self.blocked for a in args[1:2]):
+            return None
+        if _is_map(value) and args[0] in self.blocked:
+            xb, b = self.blocked[args[0]]
+            return relax.Call(value.op, [xb, *args[1:]], value.attrs), b
+        if exprs.is_call(value, _MEAN) and args[0] in self.blocked and value.attrs.keepdims and \
+                value.attrs.axis is not None and [int(a) for a in value.attrs.axis] == [2, 3]:
+            xb, b = self.blocked[args[0]]
+            return relax.op.mean(xb, axis=[2, 3], keepdims=True), b
+        if any(exprs.is_call(value, op) for op in _PER_CHANNEL) and len(args) == 2:
+            out = exprs.shape(value)
+            shapes = [exprs.shape(a) for a in args]
+            big = 0 if shapes[0] == out else 1
+            small = 1 - big
+            if args[big] not in self.blocked or shapes[big] != out or out is None or len(out) != 4:
+                return None
+            xb, b = self.blocked[args[big]]
+            if shapes[small] != out and shapes[small] != (1, out[1], 1, 1):
+                return None
+            if args[small] in self.blocked:
+                small_b, b2 = self.blocked[args[small]]
+                if b2 != b:
+                    return None
+            elif out[1] % b == 0:
+                small_b = self.builder_.emit(relax.op.layout_transform(args[small], _to_blocks(b)))
+            else:
+                return None
+            return relax.Call(value.op, [xb, small_b] if big == 0 else [small_b, xb], value.attrs), b
+        return None
+
+
+def _op_counts(mod: tvm.IRModule) -> dict:
+    """Calls per op (per callee for call_tir) in `mod`'s Relax functions."""
+    counts: dict = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            key = expr.op.name
+            if key == "relax.call_tir":
+                key += ":" + expr.args[0].name_hint
+            counts[key] = counts.get(key, 0) + 1
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return counts
+
+
+def sink_transforms(mod: tvm.IRModule) -> tvm.IRModule:
+    """_SinkTransforms on `mod`, kept where it removed layout transforms and computes no op
+    more often than before (an NCHW value still needed elsewhere would be computed twice)."""
+    new = relax.transform.DeadCodeElimination()(exprs.mutate(mod, _SinkTransforms(mod)))
+    before, after = _op_counts(mod), _op_counts(new)
+    lt = _LAYOUT_TRANSFORM.name
+    if after.get(lt, 0) >= before.get(lt, 0) or any(n > before.get(k, 0) for k, n in after.items() if k != lt):
+        return mod
+    return new
+
+
 def cancel_transforms(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every pair of layout transforms that undo each other (and the pools between
     such pairs) cancelled, and what that leaves unused removed."""
     cancel = _CancelTransforms(mod)
-    return relax.transform.DeadCodeElimination()(exprs.mutate(mod, cancel, cancel.prepare))
+    return sink_transforms(relax.transform.DeadCodeElimination()(exprs.mutate(mod, cancel, cancel.prepare)))

@@ -262,7 +262,8 @@ def sink_transforms(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def cancel_transforms(mod: tvm.IRModule) -> tvm.IRModule:
-    """`mod` with every pair of layout transforms that undo each other (and the pools between
-    such pairs) cancelled, and what that leaves unused removed."""
+    """`mod` with every pair of layout transforms that undo each other (and the pools or chains
+    of elementwise maps between such pairs) cancelled, what that leaves unused removed, and then
+    the transforms sunk through squeeze-and-excitation blocks (sink_transforms)."""
     cancel = _CancelTransforms(mod)
     return sink_transforms(relax.transform.DeadCodeElimination()(exprs.mutate(mod, cancel, cancel.prepare)))

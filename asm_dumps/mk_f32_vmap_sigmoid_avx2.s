@@ -3,100 +3,93 @@ main_compute_:
  movq $-8, %rax
  vbroadcastss .L0(%rip), %ymm0
  vmovups %ymm0, -40(%rsp)
- vbroadcastss .L1(%rip), %ymm9
- vbroadcastss .L2(%rip), %ymm0
+ vbroadcastss .L1(%rip), %ymm0
  vmovups %ymm0, -72(%rsp)
  vxorps %xmm2, %xmm2, %xmm2
- vbroadcastss .L3(%rip), %ymm13
- vbroadcastss .L4(%rip), %ymm12
- vbroadcastss .L5(%rip), %ymm4
+ vbroadcastss .L2(%rip), %ymm0
+ vmovups %ymm0, -104(%rsp)
+ vbroadcastss .L2(%rip), %ymm14
+ vbroadcastss .L3(%rip), %ymm12
+ vbroadcastss .L4(%rip), %ymm4
+ vbroadcastss .L5(%rip), %ymm13
  jmp .L6
 .L7:
  vbroadcastss .L8(%rip), %ymm0
- vmaxps %ymm3, %ymm0, %ymm3
- vcmpleps %ymm2, %ymm3, %ymm5
- vandps %ymm3, %ymm5, %ymm3
- vbroadcastss .L9(%rip), %ymm8
- vmulps %ymm3, %ymm8, %ymm5
- vroundps $8, %ymm5, %ymm5
- vbroadcastss .L10(%rip), %ymm10
- vfmadd231ps %ymm10, %ymm5, %ymm3
- vbroadcastss .L11(%rip), %ymm11
- vfmadd231ps %ymm11, %ymm5, %ymm3
- vmulps %ymm3, %ymm3, %ymm6
- vbroadcastss .L12(%rip), %ymm7
- vfmadd213ps %ymm12, %ymm3, %ymm7
- vbroadcastss .L13(%rip), %ymm2
- vfmadd213ps %ymm2, %ymm3, %ymm7
- vfmadd213ps %ymm4, %ymm3, %ymm7
- vbroadcastss .L14(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm3, %ymm7
- vfmadd213ps %ymm3, %ymm6, %ymm7
- vcvttps2dq %ymm5, %ymm3
- vpsrad $1, %ymm3, %ymm3
- vcvtdq2ps %ymm3, %ymm3
- vsubps %ymm3, %ymm5, %ymm6
- vaddps %ymm7, %ymm13, %ymm7
- vcvttps2dq %ymm3, %ymm3
- vpslld $23, %ymm3, %ymm3
- vpbroadcastd .L3(%rip), %ymm5
- vpaddd %ymm5, %ymm3, %ymm3
- vmulps %ymm3, %ymm7, %ymm3
- vcvttps2dq %ymm6, %ymm6
- vpslld $23, %ymm6, %ymm6
- vpaddd %ymm5, %ymm6, %ymm6
- vmulps %ymm6, %ymm3, %ymm3
- vxorps %xmm6, %xmm6, %xmm6
- vcmpleps %ymm6, %ymm1, %ymm6
- vandps %ymm1, %ymm6, %ymm1
- vmulps %ymm1, %ymm8, %ymm6
- vroundps $8, %ymm6, %ymm6
- vfmadd231ps %ymm10, %ymm6, %ymm1
- vfmadd231ps %ymm11, %ymm6, %ymm1
- vmulps %ymm1, %ymm1, %ymm7
- vmovaps %ymm9, %ymm8
- vbroadcastss .L12(%rip), %ymm9
- vfmadd213ps %ymm12, %ymm1, %ymm9
- vfmadd213ps %ymm2, %ymm1, %ymm9
+ vmaxps %ymm5, %ymm0, %ymm5
+ vcmpleps %ymm2, %ymm5, %ymm7
+ vandps %ymm5, %ymm7, %ymm5
+ vbroadcastss .L9(%rip), %ymm6
+ vmulps %ymm6, %ymm5, %ymm7
+ vroundps $8, %ymm7, %ymm7
+ vbroadcastss .L10(%rip), %ymm11
+ vfmadd231ps %ymm11, %ymm7, %ymm5
+ vfmadd231ps %ymm12, %ymm7, %ymm5
+ vmulps %ymm5, %ymm5, %ymm8
+ vbroadcastss .L11(%rip), %ymm2
+ vmovaps %ymm2, %ymm9
+ vbroadcastss .L12(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm5, %ymm9
+ vfmadd213ps %ymm4, %ymm5, %ymm9
+ vfmadd213ps %ymm13, %ymm5, %ymm9
+ vbroadcastss .L13(%rip), %ymm10
+ vfmadd213ps %ymm10, %ymm5, %ymm9
+ vfmadd213ps %ymm5, %ymm8, %ymm9
+ vcvttps2dq %ymm7, %ymm5
+ vpsrad $1, %ymm5, %ymm5
+ vcvtdq2ps %ymm5, %ymm5
+ vsubps %ymm5, %ymm7, %ymm7
+ vaddps %ymm14, %ymm9, %ymm8
+ vcvttps2dq %ymm5, %ymm5
+ vpslld $23, %ymm5, %ymm5
+ vmovdqu -104(%rsp), %ymm0
+ vpaddd %ymm0, %ymm5, %ymm5
+ vmulps %ymm5, %ymm8, %ymm5
+ vcvttps2dq %ymm7, %ymm7
+ vpslld $23, %ymm7, %ymm7
+ vpaddd %ymm0, %ymm7, %ymm7
+ vxorps %xmm8, %xmm8, %xmm8
+ vcmpleps %ymm8, %ymm1, %ymm8
+ vandps %ymm1, %ymm8, %ymm8
+ vmulps %ymm6, %ymm8, %ymm1
+ vroundps $8, %ymm1, %ymm9
+ vmulps %ymm7, %ymm5, %ymm1
+ vfmadd231ps %ymm11, %ymm9, %ymm8
+ vfmadd231ps %ymm12, %ymm9, %ymm8
+ vmulps %ymm8, %ymm8, %ymm5
+ vmovaps %ymm2, %ymm7
  vxorps %xmm2, %xmm2, %xmm2
- vfmadd213ps %ymm4, %ymm1, %ymm9
- vfmadd213ps %ymm0, %ymm1, %ymm9
- vfmadd213ps %ymm1, %ymm7, %ymm9
- vcvttps2dq %ymm6, %ymm1
- vpsrad $1, %ymm1, %ymm1
- vcvtdq2ps %ymm1, %ymm1
- vsubps %ymm1, %ymm6, %ymm6
- vaddps %ymm13, %ymm9, %ymm7
- vsubps %ymm7, %ymm13, %ymm10
- vaddps %ymm10, %ymm9, %ymm9
- vcvttps2dq %ymm1, %ymm1
- vpslld $23, %ymm1, %ymm1
- vpaddd %ymm5, %ymm1, %ymm1
- vmulps %ymm1, %ymm7, %ymm7
- vcvttps2dq %ymm6, %ymm6
- vpslld $23, %ymm6, %ymm6
- vpaddd %ymm5, %ymm6, %ymm5
- vmulps %ymm5, %ymm7, %ymm6
- vmulps %ymm1, %ymm9, %ymm1
- vmulps %ymm5, %ymm1, %ymm1
- vcmpltps %ymm2, %ymm15, %ymm5
- vblendvps %ymm5, %ymm6, %ymm13, %ymm7
- vaddps %ymm6, %ymm13, %ymm9
- vdivps %ymm9, %ymm7, %ymm10
- vsubps %ymm9, %ymm13, %ymm11
- vaddps %ymm6, %ymm11, %ymm6
- vfnmadd213ps %ymm7, %ymm10, %ymm9
- vaddps %ymm6, %ymm1, %ymm6
- vandps %ymm1, %ymm5, %ymm1
- vaddps %ymm1, %ymm9, %ymm1
- vmovaps %ymm8, %ymm9
- vfnmadd231ps %ymm6, %ymm10, %ymm1
- vsubps %ymm10, %ymm13, %ymm6
- vblendvps %ymm5, %ymm6, %ymm10, %ymm6
- vblendvps %ymm5, %ymm3, %ymm13, %ymm3
- vfmadd213ps %ymm10, %ymm1, %ymm6
- vcmpltps %ymm14, %ymm8, %ymm1
- vblendvps %ymm1, %ymm3, %ymm6, %ymm1
+ vbroadcastss .L12(%rip), %ymm6
+ vfmadd213ps %ymm6, %ymm8, %ymm7
+ vfmadd213ps %ymm4, %ymm8, %ymm7
+ vfmadd213ps %ymm13, %ymm8, %ymm7
+ vfmadd213ps %ymm10, %ymm8, %ymm7
+ vfmadd213ps %ymm8, %ymm5, %ymm7
+ vcvttps2dq %ymm9, %ymm5
+ vpslld $23, %ymm5, %ymm5
+ vpaddd %ymm0, %ymm5, %ymm5
+ vaddps %ymm7, %ymm14, %ymm8
+ vsubps %ymm8, %ymm14, %ymm9
+ vaddps %ymm7, %ymm9, %ymm7
+ vmulps %ymm5, %ymm8, %ymm8
+ vmulps %ymm5, %ymm7, %ymm5
+ vcmpltps %ymm2, %ymm15, %ymm7
+ vblendvps %ymm7, %ymm8, %ymm14, %ymm9
+ vaddps %ymm14, %ymm8, %ymm10
+ vdivps %ymm10, %ymm9, %ymm11
+ vsubps %ymm10, %ymm14, %ymm6
+ vaddps %ymm6, %ymm8, %ymm6
+ vfnmadd213ps %ymm9, %ymm11, %ymm10
+ vaddps %ymm6, %ymm5, %ymm6
+ vandps %ymm5, %ymm7, %ymm5
+ vaddps %ymm5, %ymm10, %ymm5
+ vbroadcastss .L14(%rip), %ymm0
+ vfnmadd231ps %ymm6, %ymm11, %ymm5
+ vsubps %ymm11, %ymm14, %ymm6
+ vblendvps %ymm7, %ymm6, %ymm11, %ymm6
+ vblendvps %ymm7, %ymm1, %ymm14, %ymm1
+ vfmadd213ps %ymm11, %ymm5, %ymm6
+ vcmpltps %ymm3, %ymm0, %ymm3
+ vblendvps %ymm3, %ymm1, %ymm6, %ymm1
 .L15:
  vcmpunordps %ymm2, %ymm15, %ymm3
  vblendvps %ymm3, %ymm15, %ymm1, %ymm1
@@ -106,12 +99,13 @@ main_compute_:
  jae .L16
 .L6:
  vmovups 32(%rdi,%rax,4), %ymm15
- vandps -40(%rsp), %ymm15, %ymm14
- vcmpnleps %ymm9, %ymm14, %ymm1
+ vandps -40(%rsp), %ymm15, %ymm3
+ vbroadcastss .L14(%rip), %ymm0
+ vcmpnleps %ymm0, %ymm3, %ymm1
  vtestps %ymm1, %ymm1
- vorps -72(%rsp), %ymm15, %ymm3
+ vorps -72(%rsp), %ymm15, %ymm5
  vbroadcastss .L17(%rip), %ymm1
- vmaxps %ymm3, %ymm1, %ymm1
+ vmaxps %ymm5, %ymm1, %ymm1
  jne .L7
  vcmpleps %ymm2, %ymm1, %ymm3
  vandps %ymm1, %ymm3, %ymm1
@@ -120,51 +114,41 @@ main_compute_:
  vroundps $8, %ymm3, %ymm3
  vbroadcastss .L10(%rip), %ymm5
  vfmadd231ps %ymm5, %ymm3, %ymm1
- vbroadcastss .L11(%rip), %ymm5
+ vbroadcastss .L3(%rip), %ymm5
  vfmadd231ps %ymm5, %ymm3, %ymm1
  vmulps %ymm1, %ymm1, %ymm5
- vbroadcastss .L12(%rip), %ymm14
- vbroadcastss .L4(%rip), %ymm6
- vfmadd213ps %ymm6, %ymm1, %ymm14
- vbroadcastss .L13(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm1, %ymm14
+ vbroadcastss .L11(%rip), %ymm9
+ vbroadcastss .L12(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm1, %ymm9
+ vbroadcastss .L4(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm1, %ymm9
  vbroadcastss .L5(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm1, %ymm14
- vbroadcastss .L14(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm1, %ymm14
- vfmadd213ps %ymm1, %ymm5, %ymm14
+ vfmadd213ps %ymm0, %ymm1, %ymm9
+ vbroadcastss .L13(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm1, %ymm9
+ vfmadd213ps %ymm1, %ymm5, %ymm9
  vcvttps2dq %ymm3, %ymm1
- vpsrad $1, %ymm1, %ymm1
- vcvtdq2ps %ymm1, %ymm1
- vsubps %ymm1, %ymm3, %ymm3
- vaddps %ymm13, %ymm14, %ymm5
- vsubps %ymm5, %ymm13, %ymm6
- vaddps %ymm6, %ymm14, %ymm6
- vcvttps2dq %ymm1, %ymm1
  vpslld $23, %ymm1, %ymm1
- vpbroadcastd .L3(%rip), %ymm14
- vpaddd %ymm1, %ymm14, %ymm1
- vmulps %ymm1, %ymm5, %ymm5
- vcvttps2dq %ymm3, %ymm3
- vpslld $23, %ymm3, %ymm3
- vpaddd %ymm3, %ymm14, %ymm3
- vmulps %ymm3, %ymm5, %ymm5
- vmulps %ymm1, %ymm6, %ymm1
- vmulps %ymm3, %ymm1, %ymm1
- vaddps %ymm5, %ymm13, %ymm3
- vsubps %ymm3, %ymm13, %ymm6
- vaddps %ymm6, %ymm5, %ymm6
- vcmpltps %ymm2, %ymm15, %ymm14
- vblendvps %ymm14, %ymm5, %ymm13, %ymm5
- vdivps %ymm3, %ymm5, %ymm7
- vfnmadd213ps %ymm5, %ymm7, %ymm3
- vaddps %ymm6, %ymm1, %ymm5
- vandps %ymm1, %ymm14, %ymm1
- vaddps %ymm3, %ymm1, %ymm3
- vfnmadd231ps %ymm5, %ymm7, %ymm3
- vsubps %ymm7, %ymm13, %ymm1
- vblendvps %ymm14, %ymm1, %ymm7, %ymm1
- vfmadd213ps %ymm7, %ymm3, %ymm1
+ vpaddd -104(%rsp), %ymm1, %ymm1
+ vaddps %ymm14, %ymm9, %ymm3
+ vsubps %ymm3, %ymm14, %ymm5
+ vaddps %ymm5, %ymm9, %ymm5
+ vmulps %ymm1, %ymm3, %ymm3
+ vmulps %ymm1, %ymm5, %ymm1
+ vaddps %ymm3, %ymm14, %ymm5
+ vsubps %ymm5, %ymm14, %ymm9
+ vaddps %ymm3, %ymm9, %ymm9
+ vcmpltps %ymm2, %ymm15, %ymm7
+ vblendvps %ymm7, %ymm3, %ymm14, %ymm3
+ vdivps %ymm5, %ymm3, %ymm8
+ vfnmadd213ps %ymm3, %ymm8, %ymm5
+ vaddps %ymm1, %ymm9, %ymm3
+ vandps %ymm1, %ymm7, %ymm1
+ vaddps %ymm5, %ymm1, %ymm5
+ vfnmadd231ps %ymm3, %ymm8, %ymm5
+ vsubps %ymm8, %ymm14, %ymm1
+ vblendvps %ymm7, %ymm1, %ymm8, %ymm1
+ vfmadd213ps %ymm8, %ymm5, %ymm1
  jmp .L15
 .L16:
  vzeroupper

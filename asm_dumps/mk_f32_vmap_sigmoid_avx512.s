@@ -7,96 +7,87 @@ main_compute_:
  movq $-16, %rax
  vxorps %xmm14, %xmm14, %xmm14
  vbroadcastss .L4(%rip), %zmm10
- vbroadcastss .L5(%rip), %zmm3
+ vbroadcastss .L5(%rip), %zmm2
  vbroadcastss .L6(%rip), %zmm8
- vbroadcastss .L7(%rip), %zmm2
+ vbroadcastss .L7(%rip), %zmm1
  vbroadcastss .L8(%rip), %zmm7
  vbroadcastss .L9(%rip), %zmm6
  vbroadcastss .L10(%rip), %zmm5
  vbroadcastss .L11(%rip), %zmm4
+ vpbroadcastd .L12(%rip), %zmm3
  vbroadcastss .L12(%rip), %zmm0
- vpbroadcastd .L12(%rip), %zmm1
  vbroadcastss .L13(%rip), %zmm15
  jmp .L14
 .L15:
- vmaxps %zmm18, %zmm15, %zmm18
- vcmpleps %zmm14, %zmm18, %k1
- vmovaps %zmm18, %zmm18 {%k1} {z}
- vmulps %zmm10, %zmm18, %zmm20
- vrndscaleps $8, %zmm20, %zmm20
- vfmadd231ps %zmm3, %zmm20, %zmm18
- vfmadd231ps %zmm8, %zmm20, %zmm18
- vmulps %zmm18, %zmm18, %zmm21
- vmovaps %zmm2, %zmm22
- vfmadd213ps %zmm7, %zmm18, %zmm22
- vfmadd213ps %zmm6, %zmm18, %zmm22
- vfmadd213ps %zmm5, %zmm18, %zmm22
- vfmadd213ps %zmm4, %zmm18, %zmm22
- vfmadd213ps %zmm18, %zmm21, %zmm22
- vcvttps2dq %zmm20, %zmm18
- vpsrad $1, %zmm18, %zmm18
- vcvtdq2ps %zmm18, %zmm18
- vsubps %zmm18, %zmm20, %zmm20
- vaddps %zmm0, %zmm22, %zmm21
- vcvttps2dq %zmm18, %zmm18
- vpslld $23, %zmm18, %zmm18
- vpaddd %zmm1, %zmm18, %zmm18
- vmulps %zmm18, %zmm21, %zmm18
- vcvttps2dq %zmm20, %zmm20
- vpslld $23, %zmm20, %zmm20
- vpaddd %zmm1, %zmm20, %zmm20
+ vmaxps %zmm19, %zmm15, %zmm19
  vcmpleps %zmm14, %zmm19, %k1
  vmovaps %zmm19, %zmm19 {%k1} {z}
- vmulps %zmm10, %zmm19, %zmm21
- vrndscaleps $8, %zmm21, %zmm21
- vfmadd231ps %zmm3, %zmm21, %zmm19
- vfmadd231ps %zmm8, %zmm21, %zmm19
- vmulps %zmm19, %zmm19, %zmm22
- vmovaps %zmm2, %zmm23
- vfmadd213ps %zmm7, %zmm19, %zmm23
- vfmadd213ps %zmm6, %zmm19, %zmm23
- vfmadd213ps %zmm5, %zmm19, %zmm23
- vfmadd213ps %zmm4, %zmm19, %zmm23
- vfmadd213ps %zmm19, %zmm22, %zmm23
- vcvttps2dq %zmm21, %zmm19
+ vmulps %zmm10, %zmm19, %zmm20
+ vrndscaleps $8, %zmm20, %zmm20
+ vfmadd231ps %zmm2, %zmm20, %zmm19
+ vfmadd231ps %zmm8, %zmm20, %zmm19
+ vmulps %zmm19, %zmm19, %zmm21
+ vmovaps %zmm1, %zmm22
+ vfmadd213ps %zmm7, %zmm19, %zmm22
+ vfmadd213ps %zmm6, %zmm19, %zmm22
+ vfmadd213ps %zmm5, %zmm19, %zmm22
+ vfmadd213ps %zmm4, %zmm19, %zmm22
+ vfmadd213ps %zmm19, %zmm21, %zmm22
+ vcvttps2dq %zmm20, %zmm19
  vpsrad $1, %zmm19, %zmm19
  vcvtdq2ps %zmm19, %zmm19
- vsubps %zmm19, %zmm21, %zmm21
- vaddps %zmm0, %zmm23, %zmm22
- vsubps %zmm22, %zmm0, %zmm24
- vaddps %zmm24, %zmm23, %zmm23
+ vsubps %zmm19, %zmm20, %zmm20
+ vaddps %zmm0, %zmm22, %zmm21
  vcvttps2dq %zmm19, %zmm19
  vpslld $23, %zmm19, %zmm19
- vpaddd %zmm1, %zmm19, %zmm19
- vmulps %zmm19, %zmm22, %zmm22
- vcvttps2dq %zmm21, %zmm21
- vpslld $23, %zmm21, %zmm21
- vpaddd %zmm1, %zmm21, %zmm21
- vmulps %zmm21, %zmm22, %zmm22
- vmulps %zmm19, %zmm23, %zmm19
- vmulps %zmm21, %zmm19, %zmm19
- vaddps %zmm0, %zmm22, %zmm21
- vsubps %zmm21, %zmm0, %zmm23
- vaddps %zmm23, %zmm22, %zmm23
- vaddps %zmm23, %zmm19, %zmm23
+ vpaddd %zmm3, %zmm19, %zmm19
+ vmulps %zmm19, %zmm21, %zmm19
+ vcvttps2dq %zmm20, %zmm20
+ vpslld $23, %zmm20, %zmm20
+ vcmpleps %zmm14, %zmm18, %k1
+ vmovaps %zmm18, %zmm18 {%k1} {z}
+ vmulps %zmm10, %zmm18, %zmm21
+ vrndscaleps $8, %zmm21, %zmm21
+ vpaddd %zmm3, %zmm20, %zmm20
+ vfmadd231ps %zmm2, %zmm21, %zmm18
+ vfmadd231ps %zmm8, %zmm21, %zmm18
+ vmulps %zmm18, %zmm18, %zmm22
+ vmovaps %zmm1, %zmm23
+ vfmadd213ps %zmm7, %zmm18, %zmm23
+ vfmadd213ps %zmm6, %zmm18, %zmm23
+ vfmadd213ps %zmm5, %zmm18, %zmm23
+ vfmadd213ps %zmm4, %zmm18, %zmm23
+ vfmadd213ps %zmm18, %zmm22, %zmm23
+ vcvttps2dq %zmm21, %zmm18
+ vpslld $23, %zmm18, %zmm18
+ vpaddd %zmm3, %zmm18, %zmm18
+ vaddps %zmm0, %zmm23, %zmm21
+ vsubps %zmm21, %zmm0, %zmm22
+ vaddps %zmm22, %zmm23, %zmm22
+ vmulps %zmm18, %zmm21, %zmm21
+ vmulps %zmm18, %zmm22, %zmm18
+ vaddps %zmm0, %zmm21, %zmm22
+ vsubps %zmm22, %zmm0, %zmm23
+ vaddps %zmm23, %zmm21, %zmm23
+ vaddps %zmm23, %zmm18, %zmm23
  vcmpltps %zmm14, %zmm16, %k1
- vblendmps %zmm22, %zmm0, %zmm22 {%k1}
- vmovaps %zmm19, %zmm19 {%k1} {z}
- vdivps %zmm21, %zmm22, %zmm24
- vfnmadd213ps %zmm22, %zmm24, %zmm21
- vaddps %zmm21, %zmm19, %zmm21
+ vblendmps %zmm21, %zmm0, %zmm21 {%k1}
+ vmovaps %zmm18, %zmm18 {%k1} {z}
+ vdivps %zmm22, %zmm21, %zmm24
+ vfnmadd213ps %zmm21, %zmm24, %zmm22
+ vaddps %zmm22, %zmm18, %zmm21
  vfnmadd231ps %zmm23, %zmm24, %zmm21
- vmovaps %zmm24, %zmm19
- vsubps %zmm24, %zmm0, %zmm19 {%k1}
- vfmadd213ps %zmm24, %zmm21, %zmm19
+ vmovaps %zmm24, %zmm18
+ vsubps %zmm24, %zmm0, %zmm18 {%k1}
+ vfmadd213ps %zmm24, %zmm21, %zmm18
  vcmpgtps %zmm12, %zmm17, %k2
  vmovaps %zmm0, %zmm17
- vmulps %zmm20, %zmm18, %zmm17 {%k1}
- vmovaps %zmm17, %zmm19 {%k2}
+ vmulps %zmm20, %zmm19, %zmm17 {%k1}
+ vmovaps %zmm17, %zmm18 {%k2}
 .L16:
  vcmpunordps %zmm14, %zmm16, %k1
- vmovaps %zmm16, %zmm19 {%k1}
- vmovups %zmm19, 64(%rsi,%rax,4)
+ vmovaps %zmm16, %zmm18 {%k1}
+ vmovups %zmm18, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
  jae .L17
@@ -105,132 +96,114 @@ main_compute_:
  vandps %zmm11, %zmm16, %zmm17
  vcmpnleps %zmm12, %zmm17, %k0
  kortestw %k0, %k0
- vorps %zmm13, %zmm16, %zmm18
- vmaxps %zmm18, %zmm9, %zmm19
+ vorps %zmm13, %zmm16, %zmm19
+ vmaxps %zmm19, %zmm9, %zmm18
  jne .L15
- vcmpleps %zmm14, %zmm19, %k1
- vmovaps %zmm19, %zmm17 {%k1} {z}
+ vcmpleps %zmm14, %zmm18, %k1
+ vmovaps %zmm18, %zmm17 {%k1} {z}
  vmulps %zmm10, %zmm17, %zmm18
  vrndscaleps $8, %zmm18, %zmm18
- vfmadd231ps %zmm3, %zmm18, %zmm17
+ vfmadd231ps %zmm2, %zmm18, %zmm17
  vfmadd231ps %zmm8, %zmm18, %zmm17
  vmulps %zmm17, %zmm17, %zmm19
- vmovaps %zmm2, %zmm20
+ vmovaps %zmm1, %zmm20
  vfmadd213ps %zmm7, %zmm17, %zmm20
  vfmadd213ps %zmm6, %zmm17, %zmm20
  vfmadd213ps %zmm5, %zmm17, %zmm20
  vfmadd213ps %zmm4, %zmm17, %zmm20
  vfmadd213ps %zmm17, %zmm19, %zmm20
  vcvttps2dq %zmm18, %zmm17
- vpsrad $1, %zmm17, %zmm17
- vcvtdq2ps %zmm17, %zmm17
- vsubps %zmm17, %zmm18, %zmm18
- vaddps %zmm0, %zmm20, %zmm19
- vsubps %zmm19, %zmm0, %zmm21
- vaddps %zmm21, %zmm20, %zmm20
- vcvttps2dq %zmm17, %zmm17
  vpslld $23, %zmm17, %zmm17
- vpaddd %zmm1, %zmm17, %zmm17
- vmulps %zmm17, %zmm19, %zmm19
- vcvttps2dq %zmm18, %zmm18
- vpslld $23, %zmm18, %zmm18
- vpaddd %zmm1, %zmm18, %zmm18
- vmulps %zmm18, %zmm19, %zmm19
- vmulps %zmm17, %zmm20, %zmm17
- vmulps %zmm18, %zmm17, %zmm17
- vaddps %zmm0, %zmm19, %zmm18
- vsubps %zmm18, %zmm0, %zmm20
- vaddps %zmm20, %zmm19, %zmm20
+ vpaddd %zmm3, %zmm17, %zmm17
+ vaddps %zmm0, %zmm20, %zmm18
+ vsubps %zmm18, %zmm0, %zmm19
+ vaddps %zmm19, %zmm20, %zmm19
+ vmulps %zmm17, %zmm18, %zmm18
+ vmulps %zmm17, %zmm19, %zmm17
+ vaddps %zmm0, %zmm18, %zmm19
+ vsubps %zmm19, %zmm0, %zmm20
+ vaddps %zmm20, %zmm18, %zmm20
  vaddps %zmm20, %zmm17, %zmm20
  vcmpltps %zmm14, %zmm16, %k1
- vblendmps %zmm19, %zmm0, %zmm19 {%k1}
- vdivps %zmm18, %zmm19, %zmm21
+ vblendmps %zmm18, %zmm0, %zmm18 {%k1}
+ vdivps %zmm19, %zmm18, %zmm21
  vmovaps %zmm17, %zmm17 {%k1} {z}
- vfnmadd213ps %zmm19, %zmm21, %zmm18
- vaddps %zmm18, %zmm17, %zmm17
+ vfnmadd213ps %zmm18, %zmm21, %zmm19
+ vaddps %zmm19, %zmm17, %zmm17
  vfnmadd231ps %zmm20, %zmm21, %zmm17
- vmovaps %zmm21, %zmm19
- vsubps %zmm21, %zmm0, %zmm19 {%k1}
- vfmadd213ps %zmm21, %zmm17, %zmm19
+ vmovaps %zmm21, %zmm18
+ vsubps %zmm21, %zmm0, %zmm18 {%k1}
+ vfmadd213ps %zmm21, %zmm17, %zmm18
  jmp .L16
 .L17:
  kxnorb %k0, %k0, %k1
  vmovups 3968(%rdi), %zmm11 {%k1} {z}
  vandps .L0(%rip){1to16}, %zmm11, %zmm13
- vorps .L2(%rip){1to16}, %zmm11, %zmm16
- vmaxps %zmm16, %zmm15, %zmm14
+ vorps .L2(%rip){1to16}, %zmm11, %zmm14
+ vmaxps %zmm14, %zmm15, %zmm15
  vxorps %xmm12, %xmm12, %xmm12
- vcmpleps %zmm12, %zmm14, %k2
- vmovaps %zmm14, %zmm14 {%k2} {z}
- vmulps %zmm10, %zmm14, %zmm15
- vrndscaleps $8, %zmm15, %zmm15
- vfmadd231ps %zmm3, %zmm15, %zmm14
- vfmadd231ps %zmm8, %zmm15, %zmm14
- vmulps %zmm14, %zmm14, %zmm17
- vmovaps %zmm2, %zmm18
- vfmadd213ps %zmm7, %zmm14, %zmm18
- vfmadd213ps %zmm6, %zmm14, %zmm18
- vfmadd213ps %zmm5, %zmm14, %zmm18
- vfmadd213ps %zmm4, %zmm14, %zmm18
- vfmadd213ps %zmm14, %zmm17, %zmm18
- vcvttps2dq %zmm15, %zmm14
- vpsrad $1, %zmm14, %zmm14
- vcvtdq2ps %zmm14, %zmm14
- vsubps %zmm14, %zmm15, %zmm15
+ vcmpleps %zmm12, %zmm15, %k2
+ vmovaps %zmm15, %zmm15 {%k2} {z}
+ vmulps %zmm10, %zmm15, %zmm16
+ vrndscaleps $8, %zmm16, %zmm16
+ vfmadd231ps %zmm2, %zmm16, %zmm15
+ vfmadd231ps %zmm8, %zmm16, %zmm15
+ vmulps %zmm15, %zmm15, %zmm17
+ vmovaps %zmm1, %zmm18
+ vfmadd213ps %zmm7, %zmm15, %zmm18
+ vfmadd213ps %zmm6, %zmm15, %zmm18
+ vfmadd213ps %zmm5, %zmm15, %zmm18
+ vfmadd213ps %zmm4, %zmm15, %zmm18
+ vfmadd213ps %zmm15, %zmm17, %zmm18
+ vcvttps2dq %zmm16, %zmm15
+ vpsrad $1, %zmm15, %zmm15
+ vcvtdq2ps %zmm15, %zmm15
+ vsubps %zmm15, %zmm16, %zmm16
  vaddps %zmm0, %zmm18, %zmm17
- vcvttps2dq %zmm14, %zmm14
- vpslld $23, %zmm14, %zmm14
- vpaddd %zmm1, %zmm14, %zmm14
- vmulps %zmm14, %zmm17, %zmm14
  vcvttps2dq %zmm15, %zmm15
  vpslld $23, %zmm15, %zmm15
- vpaddd %zmm1, %zmm15, %zmm15
- vmaxps %zmm16, %zmm9, %zmm9
+ vpaddd %zmm3, %zmm15, %zmm15
+ vmulps %zmm15, %zmm17, %zmm15
+ vcvttps2dq %zmm16, %zmm16
+ vpslld $23, %zmm16, %zmm16
+ vpaddd %zmm3, %zmm16, %zmm16
+ vmaxps %zmm14, %zmm9, %zmm9
  vcmpleps %zmm12, %zmm9, %k2
  vmovaps %zmm9, %zmm9 {%k2} {z}
  vmulps %zmm10, %zmm9, %zmm10
  vrndscaleps $8, %zmm10, %zmm10
- vfmadd213ps %zmm9, %zmm10, %zmm3
- vfmadd231ps %zmm8, %zmm10, %zmm3
- vmulps %zmm3, %zmm3, %zmm8
- vfmadd213ps %zmm7, %zmm3, %zmm2
- vfmadd213ps %zmm6, %zmm3, %zmm2
- vfmadd213ps %zmm5, %zmm3, %zmm2
- vfmadd213ps %zmm4, %zmm3, %zmm2
- vfmadd213ps %zmm3, %zmm8, %zmm2
- vcvttps2dq %zmm10, %zmm3
- vpsrad $1, %zmm3, %zmm3
- vcvtdq2ps %zmm3, %zmm3
- vsubps %zmm3, %zmm10, %zmm4
- vaddps %zmm0, %zmm2, %zmm5
- vsubps %zmm5, %zmm0, %zmm6
- vaddps %zmm6, %zmm2, %zmm2
- vcvttps2dq %zmm3, %zmm3
- vpslld $23, %zmm3, %zmm3
- vpaddd %zmm1, %zmm3, %zmm3
- vmulps %zmm3, %zmm5, %zmm5
- vcvttps2dq %zmm4, %zmm4
- vpslld $23, %zmm4, %zmm4
- vpaddd %zmm1, %zmm4, %zmm1
- vmulps %zmm1, %zmm5, %zmm4
- vmulps %zmm3, %zmm2, %zmm2
- vmulps %zmm1, %zmm2, %zmm1
- vaddps %zmm0, %zmm4, %zmm2
- vsubps %zmm2, %zmm0, %zmm3
- vaddps %zmm3, %zmm4, %zmm3
+ vfmadd213ps %zmm9, %zmm10, %zmm2
+ vfmadd231ps %zmm8, %zmm10, %zmm2
+ vmulps %zmm2, %zmm2, %zmm8
+ vfmadd213ps %zmm7, %zmm2, %zmm1
+ vfmadd213ps %zmm6, %zmm2, %zmm1
+ vfmadd213ps %zmm5, %zmm2, %zmm1
+ vfmadd213ps %zmm4, %zmm2, %zmm1
+ vfmadd213ps %zmm2, %zmm8, %zmm1
+ vcvttps2dq %zmm10, %zmm2
+ vpslld $23, %zmm2, %zmm2
+ vpaddd %zmm3, %zmm2, %zmm2
+ vaddps %zmm0, %zmm1, %zmm3
+ vsubps %zmm3, %zmm0, %zmm4
+ vaddps %zmm4, %zmm1, %zmm1
+ vmulps %zmm2, %zmm3, %zmm3
+ vmulps %zmm2, %zmm1, %zmm1
+ vaddps %zmm0, %zmm3, %zmm2
+ vsubps %zmm2, %zmm0, %zmm4
+ vaddps %zmm4, %zmm3, %zmm4
  vcmpltps %zmm12, %zmm11, %k2
- vblendmps %zmm4, %zmm0, %zmm4 {%k2}
- vaddps %zmm3, %zmm1, %zmm3
+ vblendmps %zmm3, %zmm0, %zmm3 {%k2}
+ vaddps %zmm4, %zmm1, %zmm4
  vmovaps %zmm1, %zmm1 {%k2} {z}
- vdivps %zmm2, %zmm4, %zmm5
- vfnmadd213ps %zmm4, %zmm5, %zmm2
+ vdivps %zmm2, %zmm3, %zmm5
+ vfnmadd213ps %zmm3, %zmm5, %zmm2
  vaddps %zmm2, %zmm1, %zmm1
- vfnmadd231ps %zmm3, %zmm5, %zmm1
+ vfnmadd231ps %zmm4, %zmm5, %zmm1
  vmovaps %zmm5, %zmm2
  vsubps %zmm5, %zmm0, %zmm2 {%k2}
  vfmadd213ps %zmm5, %zmm1, %zmm2
  vcmpgtps .L1(%rip){1to16}, %zmm13, %k3
- vmulps %zmm15, %zmm14, %zmm0 {%k2}
+ vmulps %zmm16, %zmm15, %zmm0 {%k2}
  vmovaps %zmm0, %zmm2 {%k3}
  vcmpunordps %zmm12, %zmm11, %k2
  vmovaps %zmm11, %zmm2 {%k2}

@@ -7,57 +7,31 @@ main_compute_:
  vbroadcastss .L3(%rip), %zmm10
  vxorps %xmm14, %xmm14, %xmm14
  vbroadcastss .L4(%rip), %zmm9
- vbroadcastss .L5(%rip), %zmm3
+ vbroadcastss .L5(%rip), %zmm2
  vbroadcastss .L6(%rip), %zmm8
- vbroadcastss .L7(%rip), %zmm2
+ vbroadcastss .L7(%rip), %zmm1
  vbroadcastss .L8(%rip), %zmm7
  vbroadcastss .L9(%rip), %zmm6
  vbroadcastss .L10(%rip), %zmm5
  vbroadcastss .L11(%rip), %zmm4
+ vpbroadcastd .L12(%rip), %zmm3
  vbroadcastss .L12(%rip), %zmm0
- vpbroadcastd .L12(%rip), %zmm1
  vbroadcastss .L13(%rip), %zmm15
  vbroadcastss .L14(%rip), %zmm16
  vbroadcastss .L15(%rip), %zmm17
  jmp .L16
 .L17:
- vmaxps %zmm18, %zmm15, %zmm20
- vminps %zmm16, %zmm20, %zmm20
- vmaxps %zmm22, %zmm15, %zmm21
- vcmpleps %zmm14, %zmm21, %k1
- vmovaps %zmm21, %zmm21 {%k1} {z}
- vmulps %zmm9, %zmm21, %zmm23
- vrndscaleps $8, %zmm23, %zmm23
- vfmadd231ps %zmm3, %zmm23, %zmm21
- vfmadd231ps %zmm8, %zmm23, %zmm21
- vmulps %zmm21, %zmm21, %zmm24
- vmovaps %zmm2, %zmm25
- vfmadd213ps %zmm7, %zmm21, %zmm25
- vfmadd213ps %zmm6, %zmm21, %zmm25
- vfmadd213ps %zmm5, %zmm21, %zmm25
- vfmadd213ps %zmm4, %zmm21, %zmm25
- vfmadd213ps %zmm21, %zmm24, %zmm25
- vcvttps2dq %zmm23, %zmm21
- vpsrad $1, %zmm21, %zmm21
- vcvtdq2ps %zmm21, %zmm21
- vsubps %zmm21, %zmm23, %zmm23
- vfmadd132ps %zmm20, %zmm20, %zmm25
- vcvttps2dq %zmm21, %zmm20
- vpslld $23, %zmm20, %zmm20
- vpaddd %zmm1, %zmm20, %zmm20
- vmulps %zmm20, %zmm25, %zmm20
- vcvttps2dq %zmm23, %zmm21
- vpslld $23, %zmm21, %zmm21
- vpaddd %zmm1, %zmm21, %zmm21
- vmaxps %zmm22, %zmm10, %zmm22
+ vmaxps %zmm18, %zmm15, %zmm21
+ vminps %zmm16, %zmm21, %zmm21
+ vmaxps %zmm20, %zmm15, %zmm22
  vcmpleps %zmm14, %zmm22, %k1
  vmovaps %zmm22, %zmm22 {%k1} {z}
  vmulps %zmm9, %zmm22, %zmm23
  vrndscaleps $8, %zmm23, %zmm23
- vfmadd231ps %zmm3, %zmm23, %zmm22
+ vfmadd231ps %zmm2, %zmm23, %zmm22
  vfmadd231ps %zmm8, %zmm23, %zmm22
  vmulps %zmm22, %zmm22, %zmm24
- vmovaps %zmm2, %zmm25
+ vmovaps %zmm1, %zmm25
  vfmadd213ps %zmm7, %zmm22, %zmm25
  vfmadd213ps %zmm6, %zmm22, %zmm25
  vfmadd213ps %zmm5, %zmm22, %zmm25
@@ -67,44 +41,61 @@ main_compute_:
  vpsrad $1, %zmm22, %zmm22
  vcvtdq2ps %zmm22, %zmm22
  vsubps %zmm22, %zmm23, %zmm23
- vaddps %zmm0, %zmm25, %zmm24
- vsubps %zmm24, %zmm0, %zmm26
- vaddps %zmm26, %zmm25, %zmm25
- vcvttps2dq %zmm22, %zmm22
+ vfmadd132ps %zmm21, %zmm21, %zmm25
+ vcvttps2dq %zmm22, %zmm21
+ vpslld $23, %zmm21, %zmm21
+ vpaddd %zmm3, %zmm21, %zmm21
+ vmulps %zmm21, %zmm25, %zmm21
+ vcvttps2dq %zmm23, %zmm22
  vpslld $23, %zmm22, %zmm22
- vpaddd %zmm1, %zmm22, %zmm22
- vmulps %zmm22, %zmm24, %zmm24
- vcvttps2dq %zmm23, %zmm23
- vpslld $23, %zmm23, %zmm23
- vpaddd %zmm1, %zmm23, %zmm23
- vmulps %zmm23, %zmm24, %zmm24
- vmulps %zmm22, %zmm25, %zmm22
- vmulps %zmm23, %zmm22, %zmm22
- vaddps %zmm0, %zmm24, %zmm23
- vsubps %zmm23, %zmm0, %zmm25
- vaddps %zmm25, %zmm24, %zmm25
- vaddps %zmm25, %zmm22, %zmm25
+ vpaddd %zmm3, %zmm22, %zmm22
+ vmaxps %zmm20, %zmm10, %zmm20
+ vcmpleps %zmm14, %zmm20, %k1
+ vmovaps %zmm20, %zmm20 {%k1} {z}
+ vmulps %zmm9, %zmm20, %zmm23
+ vrndscaleps $8, %zmm23, %zmm23
+ vfmadd231ps %zmm2, %zmm23, %zmm20
+ vfmadd231ps %zmm8, %zmm23, %zmm20
+ vmulps %zmm20, %zmm20, %zmm24
+ vmovaps %zmm1, %zmm25
+ vfmadd213ps %zmm7, %zmm20, %zmm25
+ vfmadd213ps %zmm6, %zmm20, %zmm25
+ vfmadd213ps %zmm5, %zmm20, %zmm25
+ vfmadd213ps %zmm4, %zmm20, %zmm25
+ vfmadd213ps %zmm20, %zmm24, %zmm25
+ vcvttps2dq %zmm23, %zmm20
+ vpslld $23, %zmm20, %zmm20
+ vpaddd %zmm3, %zmm20, %zmm20
+ vaddps %zmm0, %zmm25, %zmm23
+ vsubps %zmm23, %zmm0, %zmm24
+ vaddps %zmm24, %zmm25, %zmm24
+ vmulps %zmm20, %zmm23, %zmm23
+ vmulps %zmm20, %zmm24, %zmm20
+ vaddps %zmm0, %zmm23, %zmm24
+ vsubps %zmm24, %zmm0, %zmm25
+ vaddps %zmm25, %zmm23, %zmm25
+ vaddps %zmm25, %zmm20, %zmm25
  vcmpltps %zmm14, %zmm18, %k1
- vblendmps %zmm24, %zmm0, %zmm24 {%k1}
- vmovaps %zmm22, %zmm22 {%k1} {z}
- vmulps %zmm24, %zmm18, %zmm26
- vfmsub213ps %zmm26, %zmm18, %zmm24
- vfmadd231ps %zmm22, %zmm18, %zmm24
- vdivps %zmm23, %zmm26, %zmm27
- vfnmadd231ps %zmm23, %zmm27, %zmm26
- vaddps %zmm26, %zmm24, %zmm24
- vfnmadd231ps %zmm25, %zmm27, %zmm24
- vdivps %zmm23, %zmm0, %zmm22
- vfmadd213ps %zmm27, %zmm24, %zmm22
+ vblendmps %zmm23, %zmm0, %zmm23 {%k1}
+ vmovaps %zmm20, %zmm20 {%k1} {z}
+ vmulps %zmm23, %zmm18, %zmm26
+ vfmsub213ps %zmm26, %zmm18, %zmm23
+ vfmadd231ps %zmm20, %zmm18, %zmm23
+ vdivps %zmm24, %zmm0, %zmm27
+ vmulps %zmm27, %zmm26, %zmm28
+ vfnmadd231ps %zmm24, %zmm28, %zmm26
+ vaddps %zmm26, %zmm23, %zmm20
+ vfnmadd231ps %zmm25, %zmm28, %zmm20
+ vfmadd213ps %zmm28, %zmm27, %zmm20
  vcmpgtps %zmm12, %zmm19, %k2
  vmovaps %zmm18, %zmm19
- vmulps %zmm21, %zmm20, %zmm19 {%k1}
- vmovaps %zmm19, %zmm22 {%k2}
+ vmulps %zmm22, %zmm21, %zmm19 {%k1}
+ vmovaps %zmm19, %zmm20 {%k2}
  vcmpunordps %zmm14, %zmm18, %k1
- vmovaps %zmm18, %zmm22 {%k1}
+ vmovaps %zmm18, %zmm20 {%k1}
  vcmpltps %zmm17, %zmm18, %k1
- vbroadcastss .L18(%rip), %zmm22 {%k1}
- vmovups %zmm22, 64(%rsi,%rax,4)
+ vbroadcastss .L18(%rip), %zmm20 {%k1}
+ vmovups %zmm20, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
  jae .L19
@@ -113,58 +104,49 @@ main_compute_:
  vandps %zmm11, %zmm18, %zmm19
  vcmpnleps %zmm12, %zmm19, %k0
  kortestw %k0, %k0
- vxorps %zmm13, %zmm19, %zmm22
+ vxorps %zmm13, %zmm19, %zmm20
  jne .L17
- vmaxps %zmm22, %zmm10, %zmm19
+ vmaxps %zmm20, %zmm10, %zmm19
  vcmpleps %zmm14, %zmm19, %k1
  vmovaps %zmm19, %zmm19 {%k1} {z}
  vmulps %zmm9, %zmm19, %zmm20
  vrndscaleps $8, %zmm20, %zmm20
- vfmadd231ps %zmm3, %zmm20, %zmm19
+ vfmadd231ps %zmm2, %zmm20, %zmm19
  vfmadd231ps %zmm8, %zmm20, %zmm19
  vmulps %zmm19, %zmm19, %zmm21
- vmovaps %zmm2, %zmm22
+ vmovaps %zmm1, %zmm22
  vfmadd213ps %zmm7, %zmm19, %zmm22
  vfmadd213ps %zmm6, %zmm19, %zmm22
  vfmadd213ps %zmm5, %zmm19, %zmm22
  vfmadd213ps %zmm4, %zmm19, %zmm22
  vfmadd213ps %zmm19, %zmm21, %zmm22
  vcvttps2dq %zmm20, %zmm19
- vpsrad $1, %zmm19, %zmm19
- vcvtdq2ps %zmm19, %zmm19
- vsubps %zmm19, %zmm20, %zmm20
- vaddps %zmm0, %zmm22, %zmm21
- vsubps %zmm21, %zmm0, %zmm23
- vaddps %zmm23, %zmm22, %zmm22
- vcvttps2dq %zmm19, %zmm19
  vpslld $23, %zmm19, %zmm19
- vpaddd %zmm1, %zmm19, %zmm19
- vmulps %zmm19, %zmm21, %zmm21
- vcvttps2dq %zmm20, %zmm20
- vpslld $23, %zmm20, %zmm20
- vpaddd %zmm1, %zmm20, %zmm20
- vmulps %zmm20, %zmm21, %zmm21
- vmulps %zmm19, %zmm22, %zmm19
- vmulps %zmm20, %zmm19, %zmm19
- vaddps %zmm0, %zmm21, %zmm20
- vsubps %zmm20, %zmm0, %zmm22
- vaddps %zmm22, %zmm21, %zmm22
+ vpaddd %zmm3, %zmm19, %zmm19
+ vaddps %zmm0, %zmm22, %zmm20
+ vsubps %zmm20, %zmm0, %zmm21
+ vaddps %zmm21, %zmm22, %zmm21
+ vmulps %zmm19, %zmm20, %zmm20
+ vmulps %zmm19, %zmm21, %zmm19
+ vaddps %zmm0, %zmm20, %zmm21
+ vsubps %zmm21, %zmm0, %zmm22
+ vaddps %zmm22, %zmm20, %zmm22
  vaddps %zmm22, %zmm19, %zmm22
  vcmpltps %zmm14, %zmm18, %k1
- vblendmps %zmm21, %zmm0, %zmm21 {%k1}
+ vblendmps %zmm20, %zmm0, %zmm20 {%k1}
  vmovaps %zmm19, %zmm19 {%k1} {z}
- vmulps %zmm21, %zmm18, %zmm23
- vfmsub213ps %zmm23, %zmm18, %zmm21
- vfmadd231ps %zmm19, %zmm18, %zmm21
- vdivps %zmm20, %zmm23, %zmm19
- vfnmadd231ps %zmm20, %zmm19, %zmm23
- vaddps %zmm23, %zmm21, %zmm21
- vfnmadd231ps %zmm22, %zmm19, %zmm21
- vdivps %zmm20, %zmm0, %zmm22
- vfmadd213ps %zmm19, %zmm21, %zmm22
+ vmulps %zmm20, %zmm18, %zmm23
+ vfmsub213ps %zmm23, %zmm18, %zmm20
+ vfmadd231ps %zmm19, %zmm18, %zmm20
+ vdivps %zmm21, %zmm0, %zmm19
+ vmulps %zmm19, %zmm23, %zmm24
+ vfnmadd231ps %zmm21, %zmm24, %zmm23
+ vaddps %zmm23, %zmm20, %zmm20
+ vfnmadd231ps %zmm22, %zmm24, %zmm20
+ vfmadd213ps %zmm24, %zmm19, %zmm20
  vcmpunordps %zmm14, %zmm18, %k1
- vmovaps %zmm18, %zmm22 {%k1}
- vmovups %zmm22, 64(%rsi,%rax,4)
+ vmovaps %zmm18, %zmm20 {%k1}
+ vmovups %zmm20, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
  jb .L16
@@ -181,10 +163,10 @@ main_compute_:
  vmovaps %zmm15, %zmm15 {%k2} {z}
  vmulps %zmm9, %zmm15, %zmm17
  vrndscaleps $8, %zmm17, %zmm17
- vfmadd231ps %zmm3, %zmm17, %zmm15
+ vfmadd231ps %zmm2, %zmm17, %zmm15
  vfmadd231ps %zmm8, %zmm17, %zmm15
  vmulps %zmm15, %zmm15, %zmm18
- vmovaps %zmm2, %zmm19
+ vmovaps %zmm1, %zmm19
  vfmadd213ps %zmm7, %zmm15, %zmm19
  vfmadd213ps %zmm6, %zmm15, %zmm19
  vfmadd213ps %zmm5, %zmm15, %zmm19
@@ -197,65 +179,56 @@ main_compute_:
  vfmadd132ps %zmm14, %zmm14, %zmm19
  vcvttps2dq %zmm15, %zmm14
  vpslld $23, %zmm14, %zmm14
- vpaddd %zmm1, %zmm14, %zmm14
+ vpaddd %zmm3, %zmm14, %zmm14
  vmulps %zmm14, %zmm19, %zmm14
  vcvttps2dq %zmm17, %zmm15
  vpslld $23, %zmm15, %zmm15
- vpaddd %zmm1, %zmm15, %zmm15
  vmaxps %zmm16, %zmm10, %zmm10
  vcmpleps %zmm12, %zmm10, %k2
  vmovaps %zmm10, %zmm10 {%k2} {z}
  vmulps %zmm9, %zmm10, %zmm9
  vrndscaleps $8, %zmm9, %zmm9
- vfmadd213ps %zmm10, %zmm9, %zmm3
- vfmadd231ps %zmm8, %zmm9, %zmm3
- vmulps %zmm3, %zmm3, %zmm8
- vfmadd213ps %zmm7, %zmm3, %zmm2
- vfmadd213ps %zmm6, %zmm3, %zmm2
- vfmadd213ps %zmm5, %zmm3, %zmm2
- vfmadd213ps %zmm4, %zmm3, %zmm2
- vfmadd213ps %zmm3, %zmm8, %zmm2
- vcvttps2dq %zmm9, %zmm3
- vpsrad $1, %zmm3, %zmm3
- vcvtdq2ps %zmm3, %zmm3
- vsubps %zmm3, %zmm9, %zmm4
- vaddps %zmm0, %zmm2, %zmm5
- vsubps %zmm5, %zmm0, %zmm6
- vaddps %zmm6, %zmm2, %zmm2
- vcvttps2dq %zmm3, %zmm3
- vpslld $23, %zmm3, %zmm3
- vpaddd %zmm1, %zmm3, %zmm3
- vmulps %zmm3, %zmm5, %zmm5
- vcvttps2dq %zmm4, %zmm4
- vpslld $23, %zmm4, %zmm4
- vpaddd %zmm1, %zmm4, %zmm1
- vmulps %zmm1, %zmm5, %zmm4
- vmulps %zmm3, %zmm2, %zmm2
- vmulps %zmm1, %zmm2, %zmm1
- vaddps %zmm0, %zmm4, %zmm2
- vsubps %zmm2, %zmm0, %zmm3
- vaddps %zmm3, %zmm4, %zmm3
- vaddps %zmm3, %zmm1, %zmm3
+ vpaddd %zmm3, %zmm15, %zmm15
+ vfmadd213ps %zmm10, %zmm9, %zmm2
+ vfmadd231ps %zmm8, %zmm9, %zmm2
+ vmulps %zmm2, %zmm2, %zmm8
+ vfmadd213ps %zmm7, %zmm2, %zmm1
+ vfmadd213ps %zmm6, %zmm2, %zmm1
+ vfmadd213ps %zmm5, %zmm2, %zmm1
+ vfmadd213ps %zmm4, %zmm2, %zmm1
+ vfmadd213ps %zmm2, %zmm8, %zmm1
+ vcvttps2dq %zmm9, %zmm2
+ vpslld $23, %zmm2, %zmm2
+ vpaddd %zmm3, %zmm2, %zmm2
+ vaddps %zmm0, %zmm1, %zmm3
+ vsubps %zmm3, %zmm0, %zmm4
+ vaddps %zmm4, %zmm1, %zmm1
+ vmulps %zmm2, %zmm3, %zmm3
+ vmulps %zmm2, %zmm1, %zmm1
+ vaddps %zmm0, %zmm3, %zmm2
+ vsubps %zmm2, %zmm0, %zmm4
+ vaddps %zmm4, %zmm3, %zmm4
+ vaddps %zmm4, %zmm1, %zmm4
  vcmpltps %zmm12, %zmm11, %k2
- vblendmps %zmm4, %zmm0, %zmm4 {%k2}
+ vblendmps %zmm3, %zmm0, %zmm3 {%k2}
  vmovaps %zmm1, %zmm1 {%k2} {z}
- vmulps %zmm4, %zmm11, %zmm5
- vfmsub213ps %zmm5, %zmm11, %zmm4
- vfmadd231ps %zmm1, %zmm11, %zmm4
- vdivps %zmm2, %zmm5, %zmm1
- vfnmadd231ps %zmm2, %zmm1, %zmm5
- vaddps %zmm5, %zmm4, %zmm4
- vfnmadd231ps %zmm3, %zmm1, %zmm4
+ vmulps %zmm3, %zmm11, %zmm5
+ vfmsub213ps %zmm5, %zmm11, %zmm3
  vdivps %zmm2, %zmm0, %zmm0
- vfmadd213ps %zmm1, %zmm4, %zmm0
+ vfmadd231ps %zmm1, %zmm11, %zmm3
+ vmulps %zmm0, %zmm5, %zmm1
+ vfnmadd231ps %zmm2, %zmm1, %zmm5
+ vaddps %zmm5, %zmm3, %zmm2
+ vfnmadd231ps %zmm4, %zmm1, %zmm2
+ vfmadd213ps %zmm1, %zmm0, %zmm2
  vcmpgtps .L1(%rip){1to16}, %zmm13, %k3
- vmovaps %zmm11, %zmm1
- vmulps %zmm15, %zmm14, %zmm1 {%k2}
- vmovaps %zmm1, %zmm0 {%k3}
+ vmovaps %zmm11, %zmm0
+ vmulps %zmm15, %zmm14, %zmm0 {%k2}
+ vmovaps %zmm0, %zmm2 {%k3}
  vcmpunordps %zmm12, %zmm11, %k2
- vmovaps %zmm11, %zmm0 {%k2}
+ vmovaps %zmm11, %zmm2 {%k2}
  vcmpltps .L15(%rip){1to16}, %zmm11, %k2
- vbroadcastss .L18(%rip), %zmm0 {%k2}
- vmovups %zmm0, 3968(%rsi) {%k1}
+ vbroadcastss .L18(%rip), %zmm2 {%k2}
+ vmovups %zmm2, 3968(%rsi) {%k1}
  vzeroupper
  retq

@@ -15,8 +15,10 @@ Algorithms (coefficients fitted by scripts/fit_vmath.py, minimax in relative err
   sigmoid: e = exp(-|x|), (x < 0 ? e : 1) / (1 + e): no cancellation on either side; e and
            1 + e carried as hi + lo and the quotient corrected by its residual, so only e's own
            error remains. |x| > 64: e alone (x < 0) or 1.
-  silu:    x * sigmoid(x) as (x * (x < 0 ? e : 1)) / (1 + e), the product split the same way;
-           x < -64: x joins exp's mantissa before its powers of two (one rounding near 0).
+  silu:    x * sigmoid(x) as (x * (x < 0 ? e : 1)) / (1 + e), the product split the same way,
+           the quotient as the numerator times 1 / (1 + e), corrected by the residual (one
+           division, not two); x < -64: x joins exp's mantissa before its powers of two (one
+           rounding near 0).
   gelu:    x * Phi(x), Phi the normal CDF. |x| < 0.75: Phi = 0.5 + x P(x^2), P of degree 4.
            Else Phi(-y) = exp(-y^2/2) S(y), y = min(|x|, 14.5), with the Mills ratio S(y) a
            polynomial of degree 10 in y - 1.875 below y = 3 and (1/y) Q(1/y) above, Q of degree 8
@@ -99,12 +101,18 @@ def clamp_nan_through(o: Ops, x, lo: float, hi: float):
     return o.select(o.ugt(x, o.c(hi)), o.c(hi), x)  # one compare: a vminps on x86
 
 
-def _exp_parts(o: Ops, x):
-    """(t, n1, n2) with exp(x) = (1 + t) * 2^n1 * 2^n2, x already in [EXP_LO, EXP_HI]."""
+def _exp_reduced(o: Ops, x):
+    """(t, n) with exp(x) = (1 + t) * 2^n, x already in [EXP_LO, EXP_HI]."""
     n = o.round(o.mul(x, o.c(LOG2E)))
     r = o.fma(n, o.c(-LN2_HI), x)
     r = o.fma(n, o.c(-LN2_LO), r)
-    t = o.fma(o.mul(r, r), horner(o, r, EXP_Q), r)  # exp(r) - 1
+    return o.fma(o.mul(r, r), horner(o, r, EXP_Q), r), n  # exp(r) - 1
+
+
+def _exp_parts(o: Ops, x):
+    """(t, n1, n2) with exp(x) = (1 + t) * 2^n1 * 2^n2, x already in [EXP_LO, EXP_HI]: 2^n
+    as two powers that are each normal, whatever n."""
+    t, n = _exp_reduced(o, x)
     n1 = o.half_int(n)
     return t, n1, o.sub(n, n1)
 
@@ -138,13 +146,16 @@ def _ratio(o: Ops, x, scale, far_neg):
     is beyond FAR, the near form)."""
     a = o.neg(o.abs(x))
     ac = clamp_nan_through(o, a, -FAR, 0.0)
-    t, n1, n2 = _exp_parts(o, ac)
+    # |ac| <= FAR: n >= -93, so 2^n is normal and one power of two does (the bits are those
+    # of two powers, nine instructions fewer).
+    t, n = _exp_reduced(o, ac)
+    scale2 = o.pow2(n)
     # The error terms below are exact only as written: fenced, so neither TVM's simplifier
     # nor LLVM's FMA contraction (TVM's target options allow it) rewrites them to 0.
     p = o.fence(o.add(t, o.c(1.0)))
     pl = o.add(o.sub(o.c(1.0), p), t)  # 1 + t = p + pl exactly (|t| < 1)
-    eh = _times_pow2(o, p, n1, n2)  # e = eh + el, |x| <= FAR: no underflow
-    el = _times_pow2(o, pl, n1, n2)
+    eh = o.mul(p, scale2)  # e = eh + el, exactly scaled: no underflow
+    el = o.mul(pl, scale2)
     dh = o.fence(o.add(o.c(1.0), eh))
     dl = o.add(o.add(o.sub(o.c(1.0), dh), eh), el)  # 1 + e = dh + dl
     neg = o.lt(x, o.c(0.0))
@@ -154,12 +165,14 @@ def _ratio(o: Ops, x, scale, far_neg):
         h = o.fence(o.mul(scale, nh))
         nl = o.fma(scale, nl, o.fma(scale, nh, o.neg(h)))
         nh = h
-    q = o.fence(o.div(nh, dh))
+    if scale is None:
+        q = o.fence(o.div(nh, dh))
+    else:  # one division: q from the reciprocal, which the correction needs anyway (the residual
+        inv = o.div(o.c(1.0), dh)  # below is exact either way, and corrects q's extra rounding)
+        q = o.fence(o.mul(nh, inv))
     r = o.fma(o.neg(q), dl, o.add(o.fma(o.neg(q), dh, nh), nl))  # num - q * den
     if scale is None:  # 1 / den: 1 - sigmoid(x) on the negative side, sigmoid(x) on the other
         inv = o.select(neg, o.sub(o.c(1.0), q), q)
-    else:
-        inv = o.div(o.c(1.0), dh)
     y = o.fma(r, inv, q)
     if far_neg is not None:
         y = o.select(o.gt(o.abs(x), o.c(FAR)), o.select(neg, far_neg, x if scale is not None else o.c(1.0)), y)

@@ -118,10 +118,10 @@ main_compute_:
  vfmsub213ps %ymm5, %ymm4, %ymm8
  vmulps %ymm4, %ymm8, %ymm3
  vbroadcastss .L42(%rip), %ymm1
- vcmpltps %ymm1, %ymm7, %ymm8
- vblendvps %ymm8, %ymm3, %ymm2, %ymm2
+ vcmpltps %ymm1, %ymm7, %ymm7
+ vblendvps %ymm7, %ymm3, %ymm2, %ymm2
  vbroadcastss .L43(%rip), %ymm1
- vcmpltps %ymm7, %ymm1, %ymm3
+ vcmpltps %ymm1, %ymm4, %ymm3
  vbroadcastss .L44(%rip), %ymm1
  vblendvps %ymm3, %ymm1, %ymm2, %ymm2
  vcmpunordps %ymm0, %ymm4, %ymm3

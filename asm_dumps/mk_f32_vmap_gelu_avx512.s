@@ -96,10 +96,10 @@ main_compute_:
  vfmadd213ps .L41(%rip){1to16}, %zmm3, %zmm6
  vfmadd213ps .L42(%rip){1to16}, %zmm3, %zmm6
  vfmadd213ps .L43(%rip){1to16}, %zmm3, %zmm6
- vfmsub213ps %zmm4, %zmm20, %zmm6
  vcmpltps %zmm18, %zmm21, %k1
+ vfmsub213ps %zmm4, %zmm20, %zmm6
  vmulps %zmm6, %zmm20, %zmm22 {%k1}
- vcmpgtps %zmm19, %zmm21, %k1
+ vcmpltps %zmm19, %zmm20, %k1
  vbroadcastss .L44(%rip), %zmm22 {%k1}
  vcmpunordps %zmm17, %zmm20, %k1
  vmovaps %zmm20, %zmm22 {%k1}
@@ -180,7 +180,7 @@ main_compute_:
  vmulps %zmm5, %zmm2, %zmm1 {%k2}
  vcmpltps .L18(%rip){1to16}, %zmm8, %k2
  vmulps %zmm0, %zmm7, %zmm1 {%k2}
- vcmpgtps .L19(%rip){1to16}, %zmm8, %k2
+ vcmpltps .L19(%rip){1to16}, %zmm7, %k2
  vbroadcastss .L44(%rip), %zmm1 {%k2}
  vcmpunordps %zmm3, %zmm7, %k2
  vmovaps %zmm7, %zmm1 {%k2}

@@ -215,8 +215,9 @@ def gelu(o: Ops, x):
     neg_side = scaled_exp(o, h, o.neg(o.fma(ys, lo, ys)))  # x Phi(x) = -y S(y) exp(-y^2/2), x = -y
     tail = o.select(o.lt(x, o.c(0.0)), neg_side, o.mul(x, o.sub(o.c(1.0), q)))
     out = o.select(o.lt(o.abs(x), o.c(GELU_SMALL)), small, tail)
-    # +-inf: NaN, as eager has it (-inf * 0; PyTorch 2.13's CPU kernel gives NaN at +inf too).
-    out = o.select(o.gt(o.abs(x), o.c(FLT_MAX)), o.c(float("nan")), out)
+    # -inf: NaN, as eager has it (-inf * 0). +inf: the tail's x (1 - q) = inf, the limit, which
+    # PyTorch 2.13's scalar and AVX2 kernels give too (its AVX-512 kernel gives NaN there).
+    out = o.select(o.lt(x, o.c(-FLT_MAX)), o.c(float("nan")), out)
     return o.select(o.isnan(x), x, out)
 
 

@@ -112,6 +112,8 @@ def test_specials_as_pytorch(name):
                  np.float32)
     got = evaluate(name, x)
     eager = TORCH[name](torch.from_numpy(x.copy())).numpy()
+    if name == "gelu":  # +inf: the limit, inf, as PyTorch's scalar and AVX2 kernels give; its
+        eager[x == np.inf] = np.inf  # AVX-512 kernel gives NaN (Zen 4), which we do not follow
     # NaN and inf in: what eager gives (NaN where it computes -inf * 0).
     special_in = ~np.isfinite(x)
     np.testing.assert_array_equal(got[special_in], eager[special_in])

@@ -18,7 +18,8 @@ the loops and statements inside the block as they are, so the convolution schedu
 its blocks in exactly this form (`element_body`).
 
 Loops of extent 1 are left out of the description: TIR drops them from the blocks it builds,
-and a description that kept them would never match. The TVMScript is therefore rendered as
+and a description that kept them would never match (MR = 1, a row one pixel wide as a conv
+on a 1x1 map has: no pixel loop, C's row 0; the tile is then a GEMV). The TVMScript is therefore rendered as
 text per tile geometry; `reduce_axes` is the single place that decides which loops exist, and
 the convolution schedule builds its blocks from it too.
 """
@@ -61,8 +62,6 @@ class ConvTile:
         if not self.kern.batch_reduce:
             raise TileError(f"a conv tile needs a batch-reduce kernel, got {self.kern.name}")
         normalize_ints(self, ("nb", "kh", "kw", "bi", "sw", "dh", "dw"), TileError)
-        if self.kern.mr < 2:
-            raise TileError(f"MR must be >= 2 for a conv tile, got {self.kern.mr} (a unit loop cannot match)")
         if not self.reduce_axes():
             raise TileError("a conv tile must reduce over more than one element")
         lo, hi = self.clip
@@ -149,18 +148,22 @@ def description(tile: ConvTile) -> str:
     # one spelling the schedule's blocks are built from too.
     ep, G = tile.kern.epilogue, tile.groups
     axes = tile.reduce_axes()
-    v = {n: n for n, _ in axes} | {"m": "vm", "j": "vj"}
-    loops, iters = (["g", "m", "j"], "vg, vm, vj") if G > 1 else (["m", "j"], "vm, vj")
-    extents = (G, tile.kern.mr, tile.cols) if G > 1 else (tile.kern.mr, tile.cols)
+    mr = tile.kern.mr
+    # One pixel (a row one pixel wide: a conv on a 1x1 map is a GEMV): no m loop, C's row 0.
+    v = {n: n for n, _ in axes} | ({"m": "vm"} if mr > 1 else {}) | {"j": "vj"}
+    named = [(n, e) for n, e in (("g", G), ("m", mr), ("j", tile.cols)) if e > 1 or n == "j"]
+    loops, extents = [n for n, _ in named], [e for _, e in named]
+    iters = ", ".join(f"v{n}" for n in loops)
+    vm = "vm" if mr > 1 else "0"
     lines = _frame(tile, free_stride) + [
         f"        for {', '.join(loops)} in T.grid({', '.join(str(e) for e in extents)}):",
         "            with T.sblock('update'):",
         f"                {iters} = T.axis.remap('{'S' * len(loops)}', [{', '.join(loops)}])",
     ]
-    lines += element_body(f"C[{tile.grouped('vm', 'vj', row=True)}]", f"A[{', '.join(tile.a_index(v))}]",
+    lines += element_body(f"C[{tile.grouped(vm, 'vj', row=True)}]", f"A[{', '.join(tile.a_index(v))}]",
                           f"B[{tile.grouped(*tile.b_index(v))}]", axes, " " * 16,
                           f"Bias[{tile.grouped('vj')}]" if ep.bias else None,
-                          f"R[{tile.grouped('vm', 'vj', row=True)}]" if ep.residual else None, ep.act, tile.clip,
+                          f"R[{tile.grouped(vm, 'vj', row=True)}]" if ep.residual else None, ep.act, tile.clip,
                           init=not tile.kern.accumulate)
     return template(lines)
 

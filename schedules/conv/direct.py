@@ -175,7 +175,7 @@ def chunk_phases(nb: int, chunk: int, ep: Epilogue) -> list[ChunkPhase]:
         return [ChunkPhase("", nb, "0", 0, True, ep, False)]
     phases = [ChunkPhase("c0_", chunk, "0", 0, True, NO_EPILOGUE, True)]
     if n > 2:
-        phases.append(ChunkPhase("cm_", chunk, f"vc * {chunk}", n - 2, False, NO_EPILOGUE, True))
+        phases.append(ChunkPhase("cm_", chunk, f"(vc + 1) * {chunk}", n - 2, False, NO_EPILOGUE, True))
     return phases + [ChunkPhase("cl_", chunk, str((n - 1) * chunk), 0, False, ep, True)]
 
 
@@ -188,15 +188,17 @@ def chunk_blocks(g: Geometry, blocks: int, vh: int, l1_bytes: int) -> int:
     every row reuses a chunk while the kernel prefetches the next one, so the weights are read
     once, ahead of need. The price is one load and store of the accumulators per chunk."""
     per_block = g.kh * g.kw * g.bi * g.block * blocks * 4  # bytes of one input block's weights per job
-    if g.groups != 1 or vh != g.out_hw[0] or g.nb * per_block <= l1_bytes // 2:
-        return g.nb
+    if g.groups != 1 or vh != g.out_hw[0] or g.nb * per_block <= l1_bytes // 2 or g.out_hw == (1, 1):
+        return g.nb  # (a 1x1 map: one tile per job, nothing reuses a chunk)
     return largest_divisor(g.nb, lambda d: d * per_block <= l1_bytes // 2) or 1
 
 
 def _tile(g: Geometry, isa: Isa, t: int, phase: ChunkPhase, blocks: int, post: PostOps) -> ConvTile | None:
-    """The tensorized tile of a segment whose tiles are t pixels wide; None for a one-pixel row or
-    a one-element reduction (a 1x1 depthwise layer), which stay plain TIR."""
-    if t < 2 or not reduce_axes(phase.nb, g.kh, g.kw, g.bi):
+    """The tensorized tile of a segment whose tiles are t pixels wide (t = 1 only where the row
+    is one pixel wide: a conv on a 1x1 map, squeeze-and-excitation's FCs, runs as a GEMV on
+    the 1-row tile); None for a one-element reduction (a 1x1 depthwise layer), which stays
+    plain TIR."""
+    if not reduce_axes(phase.nb, g.kh, g.kw, g.bi):
         return None
     kern = GemmKernel(isa, t, g.block * blocks, accumulate=not phase.init, batch_reduce=True,
                       epilogue=phase.epilogue, col_block=g.block if blocks > 1 else 0, prefetch=phase.prefetch)
@@ -226,7 +228,9 @@ def _tile_block(g: Geometry, seg: tuple[int, int, int], name: str, phase: ChunkP
         L.append(f"{b}vo, vyi = T.axis.remap('SS', [o, yi])")
         vo = "vo"
     if phase.loop:  # the middle chunks' index: it only places A and B, as vo places C
-        L.append(f"{b}vc = T.axis.spatial({phase.loop + 2}, c + 1)")
+        # Bound to c itself (the chunk is vc + 1): blockizing a one-pixel tile at its j loop
+        # dropped the offset of a binding c + 1 (TVM 0.27), so the tiles read the wrong chunk.
+        L.append(f"{b}vc = T.axis.spatial({phase.loop}, c)")
     # The tile's first column is an iterator of its own, so that splitting the block at
     # `m` leaves the inner bindings exactly the description's (m, not start + m).
     L.append(f"{b}vx0 = T.axis.spatial({ow}, {start} + tt * {t})")
@@ -325,7 +329,8 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     sch = s_tir.Schedule(parse(lines))
     for name, tile in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
-        sch.tensorize(loops[-3 if blocks > 1 else -2], register_conv(tile))  # the tile's ([g,] m, j) loops
+        # The tile's ([g,] [m,] j) loops: no m loop in a one-pixel tile.
+        sch.tensorize(loops[-(1 + (blocks > 1) + (tile.kern.mr > 1))], register_conv(tile))
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     plan = DirectPlan("direct", reason, mr=mr, output_blocks=blocks, band_rows=vh, band_parallel=band_parallel,

@@ -16,7 +16,6 @@ BR0 = GemmKernel(AVX2, 6, 16, accumulate=False, batch_reduce=True)
 @pytest.mark.parametrize(
     "kern, kwargs, msg",
     [(GemmKernel(AVX2, 6, 16), {}, "needs a batch-reduce kernel"),
-     (GemmKernel(AVX2, 1, 16, accumulate=False, batch_reduce=True), {}, "MR must be >= 2"),
      (BR0, {"kh": 0}, "kh must be a positive int"),
      (BR0, {"sw": 1.5}, "sw must be a positive int"),
      (BR0, {"nb": 1, "kh": 1, "kw": 1, "bi": 1}, "more than one element")],
@@ -37,6 +36,16 @@ def test_unit_loops_are_left_out_and_window_is_exact():
     # columns, not 6*2 + 3 - 1.
     assert tile.window == (1, 15)
     assert tile.name == "mk_f32_brgemm_6x16_avx2_beta0_conv_q1_k1x3_c16_s2_d1x2"
+
+
+def test_a_one_pixel_tile_has_no_pixel_loop():
+    """MR = 1 (a row one pixel wide: a conv on a 1x1 map as a GEMV): TIR drops a unit loop, so
+    the description has none and writes C's row 0."""
+    tile = ConvTile(GemmKernel(AVX2, 1, 16, accumulate=False, batch_reduce=True), nb=15, kh=1, kw=1, bi=16)
+    text = description(tile)
+    assert "for j in T.grid(16)" in text and " m" not in text.split("T.grid(16)")[0].split("for ")[-1]
+    assert "C[0, vj] = C[0, vj] + A[q, 0 * 1, 0 * 1 + 0 * 1, i] * B[q, 0, 0, i, vj]" in text
+    assert tile.window == (1, 1)
 
 
 def test_an_accumulating_tile_adds_to_c_and_applies_its_epilogue_after():

@@ -116,6 +116,23 @@ def test_output_one_pixel_wide(rng, data_shape, weight_shape, padding):
     assert op.plan["segments"] == [(0, 1, 1)]
 
 
+@pytest.mark.parametrize("data_shape, weight_shape", [
+    ((1, 240, 1, 1), (960, 240, 1, 1)),  # MobileNetV3's squeeze-and-excitation FCs
+    ((2, 960, 1, 1), (240, 960, 1, 1)),  # a batch, and the reduction longer than L1 holds
+    ((1, 40, 1, 1), (24, 40, 1, 1)),  # channel counts that fill no block
+])
+def test_a_conv_on_a_one_pixel_map_runs_on_the_kernel(rng, data_shape, weight_shape):
+    """A 1x1 map's conv is a GEMV: its one-pixel tiles are the 1-row kernel, packed FMAs over
+    the weights, not TIR's scalar loop (a chain of dependent scalar FMAs: 960 -> 240 took 191
+    us on a Zen 4, the kernel 15), and no chunked reduction (one tile per job reuses nothing)."""
+    op, *_ = run_and_check(rng, data_shape, weight_shape)
+    assert op.plan["segments"] == [(0, 1, 1)] and op.plan.get("chunk") is None
+    asm = op.lib.mod.inspect_source("asm")
+    scalar = [line for line in asm.splitlines() if line.strip().startswith(("vfmadd", "vfnmadd")) and "ss\t" in line]
+    assert not scalar, scalar[:3]
+    assert any(line.strip().startswith("vfmadd") and "ps\t" in line for line in asm.splitlines())
+
+
 @pytest.mark.parametrize("tiles", [1, 2])
 def test_output_width_one_past_the_tile(rng, tiles):
     """OW = k*MR + 1: the last column must not become an MR = 1 tile."""
@@ -254,6 +271,7 @@ CHUNKED = ConvBlocking(l1_bytes=1024)  # nothing fits: one input block per chunk
     ((1, 48, 7, 9), (40, 48, 3, 3), 1, 1, dict(bias=True, residual=True, activation="relu"), 2),  # a middle loop of one
     ((2, 80, 6, 6), (32, 80, 3, 3), 1, 1, dict(bias=True, activation="clip", clip=(-0.5, 0.5)), None),  # of three
     ((1, 64, 14, 14), (48, 64, 1, 1), 2, 0, dict(residual=True), 2),  # unpadded: the tiles read the input in place
+    ((1, 48, 5, 1), (32, 48, 1, 1), 1, 0, dict(bias=True), 1),  # one-pixel tiles, a middle loop of one
 ])
 def test_chunked_reduction_equals_one_call_bit_for_bit(rng, data_shape, weight_shape, stride, padding, post, threads):
     """A chunk's partial sum goes through memory as float32, and the next chunk adds in the

@@ -94,6 +94,12 @@ class ConvTile:
     def reduce_axes(self) -> list[tuple[str, int]]:
         return reduce_axes(self.nb, self.kh, self.kw, self.bi)
 
+    def free_loops(self) -> list[tuple[str, int]]:
+        """(name, extent) of the tile's spatial loops, outer to inner, as TIR keeps them: the
+        output block g and the pixel m only where they exceed 1, the column j always. The
+        schedule tensorizes at the outermost of them."""
+        return [(n, e) for n, e in (("g", self.groups), ("m", self.kern.mr), ("j", self.cols)) if e > 1 or n == "j"]
+
     def a_index(self, v: dict) -> tuple[str, str, str, str]:
         """Index expressions (q, row, column, channel) into the input window.
 
@@ -146,13 +152,10 @@ def description(tile: ConvTile) -> str:
     # Text, not a @T.prim_func factory: which reduction loops exist (and so how many names a
     # grid binds) depends on the geometry, and the element body is `element_body`'s text, the
     # one spelling the schedule's blocks are built from too.
-    ep, G = tile.kern.epilogue, tile.groups
-    axes = tile.reduce_axes()
-    mr = tile.kern.mr
+    ep, axes, mr = tile.kern.epilogue, tile.reduce_axes(), tile.kern.mr
     # One pixel (a row one pixel wide: a conv on a 1x1 map is a GEMV): no m loop, C's row 0.
     v = {n: n for n, _ in axes} | ({"m": "vm"} if mr > 1 else {}) | {"j": "vj"}
-    named = [(n, e) for n, e in (("g", G), ("m", mr), ("j", tile.cols)) if e > 1 or n == "j"]
-    loops, extents = [n for n, _ in named], [e for _, e in named]
+    loops, extents = [n for n, _ in tile.free_loops()], [e for _, e in tile.free_loops()]
     iters = ", ".join(f"v{n}" for n in loops)
     vm = "vm" if mr > 1 else "0"
     lines = _frame(tile, free_stride) + [

@@ -329,8 +329,7 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     sch = s_tir.Schedule(parse(lines))
     for name, tile in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
-        # The tile's ([g,] [m,] j) loops: no m loop in a one-pixel tile.
-        sch.tensorize(loops[-(1 + (blocks > 1) + (tile.kern.mr > 1))], register_conv(tile))
+        sch.tensorize(loops[-len(tile.free_loops())], register_conv(tile))  # the tile's ([g,] [m,] j) loops
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     plan = DirectPlan("direct", reason, mr=mr, output_blocks=blocks, band_rows=vh, band_parallel=band_parallel,

@@ -21,7 +21,7 @@ Algorithms (coefficients fitted by scripts/fit_vmath.py, minimax in relative err
            rounding near 0).
   gelu:    x * Phi(x), Phi the normal CDF. |x| < 0.75: Phi = 0.5 + x P(x^2), P of degree 4.
            Else Phi(-y) = exp(-y^2/2) S(y), y = min(|x|, 14.5), with the Mills ratio S(y) a
-           polynomial of degree 10 in y - 1.875 below y = 3 and (1/y) Q(1/y) above, Q of degree 8
+           polynomial of degree 10 in y - 1.625 below y = 2.5 and (1/y) Q(1/y) above, Q of degree 9
            (one rounding in the variable, none amplified); y^2 is split into hi + lo by an FMA so
            exp(-y^2/2) keeps its relative accuracy far into the tail (1 + erf(x/sqrt 2), as TVM's
            legalization writes it, cancels to nothing below x = -5). Phi(x) = 1 - Phi(-x) for x > 0.

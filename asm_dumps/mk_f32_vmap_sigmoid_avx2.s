@@ -5,151 +5,153 @@ main_compute_:
  vmovups %ymm0, -40(%rsp)
  vbroadcastss .L1(%rip), %ymm0
  vmovups %ymm0, -72(%rsp)
- vxorps %xmm2, %xmm2, %xmm2
  vbroadcastss .L2(%rip), %ymm0
  vmovups %ymm0, -104(%rsp)
- vbroadcastss .L2(%rip), %ymm14
- vbroadcastss .L3(%rip), %ymm12
- vbroadcastss .L4(%rip), %ymm4
- vbroadcastss .L5(%rip), %ymm13
- jmp .L6
-.L7:
- vbroadcastss .L8(%rip), %ymm0
- vmaxps %ymm5, %ymm0, %ymm5
- vcmpleps %ymm2, %ymm5, %ymm7
- vandps %ymm5, %ymm7, %ymm5
- vbroadcastss .L9(%rip), %ymm6
- vmulps %ymm6, %ymm5, %ymm7
- vroundps $8, %ymm7, %ymm7
- vbroadcastss .L10(%rip), %ymm11
- vfmadd231ps %ymm11, %ymm7, %ymm5
- vfmadd231ps %ymm12, %ymm7, %ymm5
- vmulps %ymm5, %ymm5, %ymm8
- vbroadcastss .L11(%rip), %ymm2
- vmovaps %ymm2, %ymm9
- vbroadcastss .L12(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm5, %ymm9
- vfmadd213ps %ymm4, %ymm5, %ymm9
- vfmadd213ps %ymm13, %ymm5, %ymm9
- vbroadcastss .L13(%rip), %ymm10
- vfmadd213ps %ymm10, %ymm5, %ymm9
- vfmadd213ps %ymm5, %ymm8, %ymm9
- vcvttps2dq %ymm7, %ymm5
- vpsrad $1, %ymm5, %ymm5
- vcvtdq2ps %ymm5, %ymm5
- vsubps %ymm5, %ymm7, %ymm7
- vaddps %ymm14, %ymm9, %ymm8
- vcvttps2dq %ymm5, %ymm5
- vpslld $23, %ymm5, %ymm5
- vmovdqu -104(%rsp), %ymm0
- vpaddd %ymm0, %ymm5, %ymm5
- vmulps %ymm5, %ymm8, %ymm5
- vcvttps2dq %ymm7, %ymm7
- vpslld $23, %ymm7, %ymm7
- vpaddd %ymm0, %ymm7, %ymm7
- vxorps %xmm8, %xmm8, %xmm8
- vcmpleps %ymm8, %ymm1, %ymm8
- vandps %ymm1, %ymm8, %ymm8
- vmulps %ymm6, %ymm8, %ymm1
- vroundps $8, %ymm1, %ymm9
- vmulps %ymm7, %ymm5, %ymm1
- vfmadd231ps %ymm11, %ymm9, %ymm8
- vfmadd231ps %ymm12, %ymm9, %ymm8
- vmulps %ymm8, %ymm8, %ymm5
- vmovaps %ymm2, %ymm7
+ vbroadcastss .L2(%rip), %ymm12
  vxorps %xmm2, %xmm2, %xmm2
- vbroadcastss .L12(%rip), %ymm6
- vfmadd213ps %ymm6, %ymm8, %ymm7
- vfmadd213ps %ymm4, %ymm8, %ymm7
- vfmadd213ps %ymm13, %ymm8, %ymm7
- vfmadd213ps %ymm10, %ymm8, %ymm7
- vfmadd213ps %ymm8, %ymm5, %ymm7
- vcvttps2dq %ymm9, %ymm5
- vpslld $23, %ymm5, %ymm5
- vpaddd %ymm0, %ymm5, %ymm5
- vaddps %ymm7, %ymm14, %ymm8
- vsubps %ymm8, %ymm14, %ymm9
- vaddps %ymm7, %ymm9, %ymm7
- vmulps %ymm5, %ymm8, %ymm8
- vmulps %ymm5, %ymm7, %ymm5
- vcmpltps %ymm2, %ymm15, %ymm7
- vblendvps %ymm7, %ymm8, %ymm14, %ymm9
- vaddps %ymm14, %ymm8, %ymm10
- vdivps %ymm10, %ymm9, %ymm11
- vsubps %ymm10, %ymm14, %ymm6
- vaddps %ymm6, %ymm8, %ymm6
- vfnmadd213ps %ymm9, %ymm11, %ymm10
- vaddps %ymm6, %ymm5, %ymm6
+ vbroadcastss .L3(%rip), %ymm13
+ vbroadcastss .L4(%rip), %ymm11
+ jmp .L5
+.L6:
+ vbroadcastss .L7(%rip), %ymm0
+ vmaxps %ymm15, %ymm0, %ymm1
+ vxorps %xmm0, %xmm0, %xmm0
+ vcmpleps %ymm0, %ymm1, %ymm5
+ vandps %ymm1, %ymm5, %ymm1
+ vbroadcastss .L8(%rip), %ymm0
+ vmulps %ymm0, %ymm1, %ymm5
+ vroundps $8, %ymm5, %ymm5
+ vbroadcastss .L9(%rip), %ymm8
+ vfmadd231ps %ymm8, %ymm5, %ymm1
+ vbroadcastss .L10(%rip), %ymm9
+ vfmadd231ps %ymm9, %ymm5, %ymm1
+ vmulps %ymm1, %ymm1, %ymm7
+ vbroadcastss .L11(%rip), %ymm0
+ vmovaps %ymm0, %ymm4
+ vbroadcastss .L12(%rip), %ymm10
+ vfmadd213ps %ymm10, %ymm1, %ymm4
+ vbroadcastss .L13(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm1, %ymm4
+ vfmadd213ps %ymm13, %ymm1, %ymm4
+ vfmadd213ps %ymm11, %ymm1, %ymm4
+ vfmadd213ps %ymm1, %ymm7, %ymm4
+ vcvttps2dq %ymm5, %ymm1
+ vpsrad $1, %ymm1, %ymm1
+ vcvtdq2ps %ymm1, %ymm1
+ vsubps %ymm1, %ymm5, %ymm5
+ vaddps %ymm4, %ymm12, %ymm4
+ vcvttps2dq %ymm1, %ymm1
+ vpslld $23, %ymm1, %ymm1
+ vmovdqu -104(%rsp), %ymm6
+ vpaddd %ymm6, %ymm1, %ymm1
+ vmulps %ymm1, %ymm4, %ymm1
+ vcvttps2dq %ymm5, %ymm4
+ vpslld $23, %ymm4, %ymm4
+ vpaddd %ymm6, %ymm4, %ymm4
+ vbroadcastss .L14(%rip), %ymm5
+ vmaxps %ymm15, %ymm5, %ymm5
+ vxorps %xmm7, %xmm7, %xmm7
+ vcmpleps %ymm7, %ymm5, %ymm7
  vandps %ymm5, %ymm7, %ymm5
- vaddps %ymm5, %ymm10, %ymm5
- vbroadcastss .L14(%rip), %ymm0
- vfnmadd231ps %ymm6, %ymm11, %ymm5
- vsubps %ymm11, %ymm14, %ymm6
- vblendvps %ymm7, %ymm6, %ymm11, %ymm6
- vblendvps %ymm7, %ymm1, %ymm14, %ymm1
- vfmadd213ps %ymm11, %ymm5, %ymm6
- vcmpltps %ymm3, %ymm0, %ymm3
- vblendvps %ymm3, %ymm1, %ymm6, %ymm1
-.L15:
- vcmpunordps %ymm2, %ymm15, %ymm3
- vblendvps %ymm3, %ymm15, %ymm1, %ymm1
- vmovups %ymm1, 32(%rsi,%rax,4)
+ vbroadcastss .L8(%rip), %ymm7
+ vmulps %ymm7, %ymm5, %ymm7
+ vroundps $8, %ymm7, %ymm7
+ vmulps %ymm4, %ymm1, %ymm15
+ vfmadd231ps %ymm8, %ymm7, %ymm5
+ vfmadd231ps %ymm9, %ymm7, %ymm5
+ vmulps %ymm5, %ymm5, %ymm1
+ vfmadd213ps %ymm10, %ymm5, %ymm0
+ vfmadd213ps %ymm2, %ymm5, %ymm0
+ vfmadd213ps %ymm13, %ymm5, %ymm0
+ vfmadd213ps %ymm11, %ymm5, %ymm0
+ vfmadd213ps %ymm5, %ymm1, %ymm0
+ vcvttps2dq %ymm7, %ymm1
+ vpslld $23, %ymm1, %ymm1
+ vpaddd %ymm6, %ymm1, %ymm1
+ vaddps %ymm0, %ymm12, %ymm5
+ vsubps %ymm5, %ymm12, %ymm7
+ vaddps %ymm7, %ymm0, %ymm4
+ vmulps %ymm1, %ymm5, %ymm5
+ vmulps %ymm1, %ymm4, %ymm1
+ vxorps %xmm0, %xmm0, %xmm0
+ vcmpltps %ymm0, %ymm14, %ymm4
+ vxorps %xmm10, %xmm10, %xmm10
+ vblendvps %ymm4, %ymm5, %ymm12, %ymm7
+ vaddps %ymm5, %ymm12, %ymm8
+ vdivps %ymm8, %ymm7, %ymm9
+ vsubps %ymm8, %ymm12, %ymm6
+ vaddps %ymm6, %ymm5, %ymm5
+ vbroadcastss .L15(%rip), %ymm0
+ vfnmadd213ps %ymm7, %ymm9, %ymm8
+ vaddps %ymm5, %ymm1, %ymm5
+ vandps %ymm1, %ymm4, %ymm1
+ vaddps %ymm1, %ymm8, %ymm1
+ vfnmadd231ps %ymm5, %ymm9, %ymm1
+ vsubps %ymm9, %ymm12, %ymm5
+ vblendvps %ymm4, %ymm5, %ymm9, %ymm5
+ vblendvps %ymm4, %ymm15, %ymm12, %ymm4
+ vfmadd213ps %ymm9, %ymm1, %ymm5
+ vcmpltps %ymm3, %ymm0, %ymm1
+ vblendvps %ymm1, %ymm4, %ymm5, %ymm1
+ vxorps %xmm2, %xmm2, %xmm2
+ vcmpunordps %ymm10, %ymm14, %ymm3
+ vblendvps %ymm3, %ymm14, %ymm1, %ymm3
+ vmovups %ymm3, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
  jae .L16
-.L6:
- vmovups 32(%rdi,%rax,4), %ymm15
- vandps -40(%rsp), %ymm15, %ymm3
- vbroadcastss .L14(%rip), %ymm0
- vcmpnleps %ymm0, %ymm3, %ymm1
- vtestps %ymm1, %ymm1
- vorps -72(%rsp), %ymm15, %ymm5
+.L5:
+ vmovups 32(%rdi,%rax,4), %ymm14
+ vandps -40(%rsp), %ymm14, %ymm3
+ vbroadcastss .L15(%rip), %ymm0
+ vcmpnleps %ymm0, %ymm3, %ymm15
+ vtestps %ymm15, %ymm15
+ vorps -72(%rsp), %ymm14, %ymm15
+ jne .L6
  vbroadcastss .L17(%rip), %ymm1
- vmaxps %ymm5, %ymm1, %ymm1
- jne .L7
- vcmpleps %ymm2, %ymm1, %ymm3
- vandps %ymm1, %ymm3, %ymm1
- vbroadcastss .L9(%rip), %ymm3
- vmulps %ymm3, %ymm1, %ymm3
+ vmulps %ymm1, %ymm3, %ymm3
  vroundps $8, %ymm3, %ymm3
- vbroadcastss .L10(%rip), %ymm5
- vfmadd231ps %ymm5, %ymm3, %ymm1
- vbroadcastss .L3(%rip), %ymm5
- vfmadd231ps %ymm5, %ymm3, %ymm1
- vmulps %ymm1, %ymm1, %ymm5
- vbroadcastss .L11(%rip), %ymm9
- vbroadcastss .L12(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm1, %ymm9
- vbroadcastss .L4(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm1, %ymm9
- vbroadcastss .L5(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm1, %ymm9
+ vbroadcastss .L9(%rip), %ymm1
+ vfmadd231ps %ymm1, %ymm3, %ymm15
+ vbroadcastss .L10(%rip), %ymm1
+ vfmadd231ps %ymm1, %ymm3, %ymm15
+ vmulps %ymm15, %ymm15, %ymm1
+ vbroadcastss .L11(%rip), %ymm7
+ vbroadcastss .L12(%rip), %ymm4
+ vfmadd213ps %ymm4, %ymm15, %ymm7
  vbroadcastss .L13(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm1, %ymm9
- vfmadd213ps %ymm1, %ymm5, %ymm9
+ vfmadd213ps %ymm0, %ymm15, %ymm7
+ vbroadcastss .L3(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm15, %ymm7
+ vbroadcastss .L4(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm15, %ymm7
+ vfmadd213ps %ymm15, %ymm1, %ymm7
  vcvttps2dq %ymm3, %ymm1
  vpslld $23, %ymm1, %ymm1
  vpaddd -104(%rsp), %ymm1, %ymm1
- vaddps %ymm14, %ymm9, %ymm3
- vsubps %ymm3, %ymm14, %ymm5
- vaddps %ymm5, %ymm9, %ymm5
+ vaddps %ymm7, %ymm12, %ymm3
+ vsubps %ymm3, %ymm12, %ymm15
+ vaddps %ymm7, %ymm15, %ymm7
  vmulps %ymm1, %ymm3, %ymm3
- vmulps %ymm1, %ymm5, %ymm1
- vaddps %ymm3, %ymm14, %ymm5
- vsubps %ymm5, %ymm14, %ymm9
- vaddps %ymm3, %ymm9, %ymm9
- vcmpltps %ymm2, %ymm15, %ymm7
- vblendvps %ymm7, %ymm3, %ymm14, %ymm3
- vdivps %ymm5, %ymm3, %ymm8
- vfnmadd213ps %ymm3, %ymm8, %ymm5
- vaddps %ymm1, %ymm9, %ymm3
- vandps %ymm1, %ymm7, %ymm1
- vaddps %ymm5, %ymm1, %ymm5
- vfnmadd231ps %ymm3, %ymm8, %ymm5
- vsubps %ymm8, %ymm14, %ymm1
- vblendvps %ymm7, %ymm1, %ymm8, %ymm1
- vfmadd213ps %ymm8, %ymm5, %ymm1
- jmp .L15
+ vmulps %ymm1, %ymm7, %ymm1
+ vaddps %ymm3, %ymm12, %ymm7
+ vsubps %ymm7, %ymm12, %ymm15
+ vaddps %ymm3, %ymm15, %ymm15
+ vcmpltps %ymm2, %ymm14, %ymm14
+ vblendvps %ymm14, %ymm3, %ymm12, %ymm3
+ vdivps %ymm7, %ymm3, %ymm5
+ vfnmadd213ps %ymm3, %ymm5, %ymm7
+ vaddps %ymm1, %ymm15, %ymm3
+ vandps %ymm1, %ymm14, %ymm1
+ vaddps %ymm7, %ymm1, %ymm1
+ vfnmadd231ps %ymm3, %ymm5, %ymm1
+ vsubps %ymm5, %ymm12, %ymm3
+ vblendvps %ymm14, %ymm3, %ymm5, %ymm3
+ vfmadd213ps %ymm5, %ymm1, %ymm3
+ vmovups %ymm3, 32(%rsi,%rax,4)
+ addq $8, %rax
+ cmpq $992, %rax
+ jb .L5
 .L16:
  vzeroupper
  retq

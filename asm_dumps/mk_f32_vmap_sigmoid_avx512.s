@@ -3,138 +3,139 @@ main_compute_:
  vbroadcastss .L0(%rip), %zmm11
  vbroadcastss .L1(%rip), %zmm12
  vbroadcastss .L2(%rip), %zmm13
- vbroadcastss .L3(%rip), %zmm9
+ vbroadcastss .L3(%rip), %zmm14
+ vbroadcastss .L4(%rip), %zmm2
+ vbroadcastss .L5(%rip), %zmm8
+ vbroadcastss .L6(%rip), %zmm1
+ vbroadcastss .L7(%rip), %zmm7
+ vbroadcastss .L8(%rip), %zmm6
+ vbroadcastss .L9(%rip), %zmm5
+ vbroadcastss .L10(%rip), %zmm4
  movq $-16, %rax
- vxorps %xmm14, %xmm14, %xmm14
- vbroadcastss .L4(%rip), %zmm10
- vbroadcastss .L5(%rip), %zmm2
- vbroadcastss .L6(%rip), %zmm8
- vbroadcastss .L7(%rip), %zmm1
- vbroadcastss .L8(%rip), %zmm7
- vbroadcastss .L9(%rip), %zmm6
- vbroadcastss .L10(%rip), %zmm5
- vbroadcastss .L11(%rip), %zmm4
- vpbroadcastd .L12(%rip), %zmm3
- vbroadcastss .L12(%rip), %zmm0
- vbroadcastss .L13(%rip), %zmm15
- jmp .L14
-.L15:
- vmaxps %zmm19, %zmm15, %zmm19
- vcmpleps %zmm14, %zmm19, %k1
- vmovaps %zmm19, %zmm19 {%k1} {z}
- vmulps %zmm10, %zmm19, %zmm20
- vrndscaleps $8, %zmm20, %zmm20
- vfmadd231ps %zmm2, %zmm20, %zmm19
- vfmadd231ps %zmm8, %zmm20, %zmm19
- vmulps %zmm19, %zmm19, %zmm21
- vmovaps %zmm1, %zmm22
- vfmadd213ps %zmm7, %zmm19, %zmm22
- vfmadd213ps %zmm6, %zmm19, %zmm22
- vfmadd213ps %zmm5, %zmm19, %zmm22
- vfmadd213ps %zmm4, %zmm19, %zmm22
- vfmadd213ps %zmm19, %zmm21, %zmm22
- vcvttps2dq %zmm20, %zmm19
- vpsrad $1, %zmm19, %zmm19
- vcvtdq2ps %zmm19, %zmm19
- vsubps %zmm19, %zmm20, %zmm20
- vaddps %zmm0, %zmm22, %zmm21
- vcvttps2dq %zmm19, %zmm19
- vpslld $23, %zmm19, %zmm19
- vpaddd %zmm3, %zmm19, %zmm19
- vmulps %zmm19, %zmm21, %zmm19
+ vpbroadcastd .L11(%rip), %zmm3
+ vbroadcastss .L11(%rip), %zmm0
+ vxorps %xmm16, %xmm16, %xmm16
+ vbroadcastss .L12(%rip), %zmm15
+ vbroadcastss .L13(%rip), %zmm9
+ vbroadcastss .L14(%rip), %zmm10
+ jmp .L15
+.L16:
+ vmaxps %zmm19, %zmm15, %zmm20
+ vcmpleps %zmm16, %zmm20, %k1
+ vmovaps %zmm20, %zmm20 {%k1} {z}
+ vmulps %zmm9, %zmm20, %zmm21
+ vrndscaleps $8, %zmm21, %zmm21
+ vfmadd231ps %zmm2, %zmm21, %zmm20
+ vfmadd231ps %zmm8, %zmm21, %zmm20
+ vmulps %zmm20, %zmm20, %zmm22
+ vmovaps %zmm1, %zmm23
+ vfmadd213ps %zmm7, %zmm20, %zmm23
+ vfmadd213ps %zmm6, %zmm20, %zmm23
+ vfmadd213ps %zmm5, %zmm20, %zmm23
+ vfmadd213ps %zmm4, %zmm20, %zmm23
+ vfmadd213ps %zmm20, %zmm22, %zmm23
+ vcvttps2dq %zmm21, %zmm20
+ vpsrad $1, %zmm20, %zmm20
+ vcvtdq2ps %zmm20, %zmm20
+ vsubps %zmm20, %zmm21, %zmm21
+ vaddps %zmm0, %zmm23, %zmm22
  vcvttps2dq %zmm20, %zmm20
  vpslld $23, %zmm20, %zmm20
- vcmpleps %zmm14, %zmm18, %k1
- vmovaps %zmm18, %zmm18 {%k1} {z}
- vmulps %zmm10, %zmm18, %zmm21
- vrndscaleps $8, %zmm21, %zmm21
  vpaddd %zmm3, %zmm20, %zmm20
- vfmadd231ps %zmm2, %zmm21, %zmm18
- vfmadd231ps %zmm8, %zmm21, %zmm18
- vmulps %zmm18, %zmm18, %zmm22
- vmovaps %zmm1, %zmm23
- vfmadd213ps %zmm7, %zmm18, %zmm23
- vfmadd213ps %zmm6, %zmm18, %zmm23
- vfmadd213ps %zmm5, %zmm18, %zmm23
- vfmadd213ps %zmm4, %zmm18, %zmm23
- vfmadd213ps %zmm18, %zmm22, %zmm23
- vcvttps2dq %zmm21, %zmm18
- vpslld $23, %zmm18, %zmm18
- vpaddd %zmm3, %zmm18, %zmm18
- vaddps %zmm0, %zmm23, %zmm21
- vsubps %zmm21, %zmm0, %zmm22
- vaddps %zmm22, %zmm23, %zmm22
- vmulps %zmm18, %zmm21, %zmm21
- vmulps %zmm18, %zmm22, %zmm18
- vaddps %zmm0, %zmm21, %zmm22
+ vmulps %zmm20, %zmm22, %zmm20
+ vcvttps2dq %zmm21, %zmm21
+ vpslld $23, %zmm21, %zmm21
+ vpaddd %zmm3, %zmm21, %zmm21
+ vmaxps %zmm19, %zmm10, %zmm19
+ vcmpleps %zmm16, %zmm19, %k1
+ vmovaps %zmm19, %zmm19 {%k1} {z}
+ vmulps %zmm9, %zmm19, %zmm22
+ vrndscaleps $8, %zmm22, %zmm22
+ vfmadd231ps %zmm2, %zmm22, %zmm19
+ vfmadd231ps %zmm8, %zmm22, %zmm19
+ vmulps %zmm19, %zmm19, %zmm23
+ vmovaps %zmm1, %zmm24
+ vfmadd213ps %zmm7, %zmm19, %zmm24
+ vfmadd213ps %zmm6, %zmm19, %zmm24
+ vfmadd213ps %zmm5, %zmm19, %zmm24
+ vfmadd213ps %zmm4, %zmm19, %zmm24
+ vfmadd213ps %zmm19, %zmm23, %zmm24
+ vcvttps2dq %zmm22, %zmm19
+ vpslld $23, %zmm19, %zmm19
+ vpaddd %zmm3, %zmm19, %zmm19
+ vaddps %zmm0, %zmm24, %zmm22
  vsubps %zmm22, %zmm0, %zmm23
- vaddps %zmm23, %zmm21, %zmm23
- vaddps %zmm23, %zmm18, %zmm23
- vcmpltps %zmm14, %zmm16, %k1
- vblendmps %zmm21, %zmm0, %zmm21 {%k1}
- vmovaps %zmm18, %zmm18 {%k1} {z}
- vdivps %zmm22, %zmm21, %zmm24
- vfnmadd213ps %zmm21, %zmm24, %zmm22
- vaddps %zmm22, %zmm18, %zmm21
- vfnmadd231ps %zmm23, %zmm24, %zmm21
- vmovaps %zmm24, %zmm18
- vsubps %zmm24, %zmm0, %zmm18 {%k1}
- vfmadd213ps %zmm24, %zmm21, %zmm18
- vcmpgtps %zmm12, %zmm17, %k2
- vmovaps %zmm0, %zmm17
- vmulps %zmm20, %zmm19, %zmm17 {%k1}
- vmovaps %zmm17, %zmm18 {%k2}
-.L16:
- vcmpunordps %zmm14, %zmm16, %k1
- vmovaps %zmm16, %zmm18 {%k1}
- vmovups %zmm18, 64(%rsi,%rax,4)
+ vaddps %zmm23, %zmm24, %zmm23
+ vmulps %zmm19, %zmm22, %zmm22
+ vmulps %zmm19, %zmm23, %zmm19
+ vaddps %zmm0, %zmm22, %zmm23
+ vsubps %zmm23, %zmm0, %zmm24
+ vaddps %zmm24, %zmm22, %zmm24
+ vcmpltps %zmm16, %zmm17, %k1
+ vblendmps %zmm22, %zmm0, %zmm22 {%k1}
+ vdivps %zmm23, %zmm22, %zmm25
+ vaddps %zmm24, %zmm19, %zmm24
+ vmovaps %zmm19, %zmm19 {%k1} {z}
+ vfnmadd213ps %zmm22, %zmm25, %zmm23
+ vaddps %zmm23, %zmm19, %zmm22
+ vfnmadd231ps %zmm24, %zmm25, %zmm22
+ vmovaps %zmm25, %zmm19
+ vsubps %zmm25, %zmm0, %zmm19 {%k1}
+ vfmadd213ps %zmm25, %zmm22, %zmm19
+ vcmpgtps %zmm12, %zmm18, %k2
+ vmovaps %zmm0, %zmm18
+ vmulps %zmm21, %zmm20, %zmm18 {%k1}
+ vmovaps %zmm18, %zmm19 {%k2}
+ vcmpunordps %zmm16, %zmm17, %k1
+ vmovaps %zmm17, %zmm19 {%k1}
+ vmovups %zmm19, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
  jae .L17
-.L14:
- vmovups 64(%rdi,%rax,4), %zmm16
- vandps %zmm11, %zmm16, %zmm17
- vcmpnleps %zmm12, %zmm17, %k0
+.L15:
+ vmovups 64(%rdi,%rax,4), %zmm17
+ vandps %zmm11, %zmm17, %zmm18
+ vcmpnleps %zmm12, %zmm18, %k0
  kortestw %k0, %k0
- vorps %zmm13, %zmm16, %zmm19
- vmaxps %zmm19, %zmm9, %zmm18
- jne .L15
- vcmpleps %zmm14, %zmm18, %k1
- vmovaps %zmm18, %zmm17 {%k1} {z}
- vmulps %zmm10, %zmm17, %zmm18
+ vorps %zmm13, %zmm17, %zmm19
+ jne .L16
+ vmulps %zmm14, %zmm18, %zmm18
  vrndscaleps $8, %zmm18, %zmm18
- vfmadd231ps %zmm2, %zmm18, %zmm17
- vfmadd231ps %zmm8, %zmm18, %zmm17
- vmulps %zmm17, %zmm17, %zmm19
- vmovaps %zmm1, %zmm20
- vfmadd213ps %zmm7, %zmm17, %zmm20
- vfmadd213ps %zmm6, %zmm17, %zmm20
- vfmadd213ps %zmm5, %zmm17, %zmm20
- vfmadd213ps %zmm4, %zmm17, %zmm20
- vfmadd213ps %zmm17, %zmm19, %zmm20
- vcvttps2dq %zmm18, %zmm17
- vpslld $23, %zmm17, %zmm17
- vpaddd %zmm3, %zmm17, %zmm17
- vaddps %zmm0, %zmm20, %zmm18
- vsubps %zmm18, %zmm0, %zmm19
- vaddps %zmm19, %zmm20, %zmm19
- vmulps %zmm17, %zmm18, %zmm18
- vmulps %zmm17, %zmm19, %zmm17
- vaddps %zmm0, %zmm18, %zmm19
+ vfmadd231ps %zmm2, %zmm18, %zmm19
+ vfmadd231ps %zmm8, %zmm18, %zmm19
+ vmulps %zmm19, %zmm19, %zmm20
+ vmovaps %zmm1, %zmm21
+ vfmadd213ps %zmm7, %zmm19, %zmm21
+ vfmadd213ps %zmm6, %zmm19, %zmm21
+ vfmadd213ps %zmm5, %zmm19, %zmm21
+ vfmadd213ps %zmm4, %zmm19, %zmm21
+ vfmadd213ps %zmm19, %zmm20, %zmm21
+ vcvttps2dq %zmm18, %zmm18
+ vpslld $23, %zmm18, %zmm18
+ vpaddd %zmm3, %zmm18, %zmm18
+ vaddps %zmm0, %zmm21, %zmm19
  vsubps %zmm19, %zmm0, %zmm20
- vaddps %zmm20, %zmm18, %zmm20
- vaddps %zmm20, %zmm17, %zmm20
- vcmpltps %zmm14, %zmm16, %k1
- vblendmps %zmm18, %zmm0, %zmm18 {%k1}
- vdivps %zmm19, %zmm18, %zmm21
- vmovaps %zmm17, %zmm17 {%k1} {z}
- vfnmadd213ps %zmm18, %zmm21, %zmm19
- vaddps %zmm19, %zmm17, %zmm17
- vfnmadd231ps %zmm20, %zmm21, %zmm17
- vmovaps %zmm21, %zmm18
- vsubps %zmm21, %zmm0, %zmm18 {%k1}
- vfmadd213ps %zmm21, %zmm17, %zmm18
- jmp .L16
+ vaddps %zmm20, %zmm21, %zmm20
+ vmulps %zmm18, %zmm19, %zmm19
+ vmulps %zmm18, %zmm20, %zmm18
+ vaddps %zmm0, %zmm19, %zmm20
+ vsubps %zmm20, %zmm0, %zmm21
+ vaddps %zmm21, %zmm19, %zmm21
+ vaddps %zmm21, %zmm18, %zmm21
+ vcmpltps %zmm16, %zmm17, %k1
+ vblendmps %zmm19, %zmm0, %zmm17 {%k1}
+ vdivps %zmm20, %zmm17, %zmm22
+ vmovaps %zmm18, %zmm18 {%k1} {z}
+ vfnmadd213ps %zmm17, %zmm22, %zmm20
+ vaddps %zmm20, %zmm18, %zmm17
+ vfnmadd231ps %zmm21, %zmm22, %zmm17
+ vmovaps %zmm22, %zmm19
+ vsubps %zmm22, %zmm0, %zmm19 {%k1}
+ vfmadd213ps %zmm22, %zmm17, %zmm19
+ vmovups %zmm19, 64(%rsi,%rax,4)
+ addq $16, %rax
+ cmpq $976, %rax
+ jb .L15
 .L17:
  kxnorb %k0, %k0, %k1
  vmovups 3968(%rdi), %zmm11 {%k1} {z}
@@ -144,7 +145,7 @@ main_compute_:
  vxorps %xmm12, %xmm12, %xmm12
  vcmpleps %zmm12, %zmm15, %k2
  vmovaps %zmm15, %zmm15 {%k2} {z}
- vmulps %zmm10, %zmm15, %zmm16
+ vmulps %zmm9, %zmm15, %zmm16
  vrndscaleps $8, %zmm16, %zmm16
  vfmadd231ps %zmm2, %zmm16, %zmm15
  vfmadd231ps %zmm8, %zmm16, %zmm15
@@ -167,20 +168,20 @@ main_compute_:
  vcvttps2dq %zmm16, %zmm16
  vpslld $23, %zmm16, %zmm16
  vpaddd %zmm3, %zmm16, %zmm16
- vmaxps %zmm14, %zmm9, %zmm9
- vcmpleps %zmm12, %zmm9, %k2
- vmovaps %zmm9, %zmm9 {%k2} {z}
- vmulps %zmm10, %zmm9, %zmm10
- vrndscaleps $8, %zmm10, %zmm10
- vfmadd213ps %zmm9, %zmm10, %zmm2
- vfmadd231ps %zmm8, %zmm10, %zmm2
+ vmaxps %zmm14, %zmm10, %zmm10
+ vcmpleps %zmm12, %zmm10, %k2
+ vmovaps %zmm10, %zmm10 {%k2} {z}
+ vmulps %zmm9, %zmm10, %zmm9
+ vrndscaleps $8, %zmm9, %zmm9
+ vfmadd213ps %zmm10, %zmm9, %zmm2
+ vfmadd231ps %zmm8, %zmm9, %zmm2
  vmulps %zmm2, %zmm2, %zmm8
  vfmadd213ps %zmm7, %zmm2, %zmm1
  vfmadd213ps %zmm6, %zmm2, %zmm1
  vfmadd213ps %zmm5, %zmm2, %zmm1
  vfmadd213ps %zmm4, %zmm2, %zmm1
  vfmadd213ps %zmm2, %zmm8, %zmm1
- vcvttps2dq %zmm10, %zmm2
+ vcvttps2dq %zmm9, %zmm2
  vpslld $23, %zmm2, %zmm2
  vpaddd %zmm3, %zmm2, %zmm2
  vaddps %zmm0, %zmm1, %zmm3

@@ -3,181 +3,177 @@ main_compute_:
  vbroadcastss .L0(%rip), %zmm11
  vbroadcastss .L1(%rip), %zmm12
  vbroadcastss .L2(%rip), %zmm13
+ vbroadcastss .L3(%rip), %zmm2
+ vbroadcastss .L4(%rip), %zmm8
+ vbroadcastss .L5(%rip), %zmm1
+ vbroadcastss .L6(%rip), %zmm7
+ vbroadcastss .L7(%rip), %zmm6
+ vbroadcastss .L8(%rip), %zmm5
+ vbroadcastss .L9(%rip), %zmm4
  movq $-16, %rax
- vbroadcastss .L3(%rip), %zmm10
- vxorps %xmm14, %xmm14, %xmm14
- vbroadcastss .L4(%rip), %zmm9
- vbroadcastss .L5(%rip), %zmm2
- vbroadcastss .L6(%rip), %zmm8
- vbroadcastss .L7(%rip), %zmm1
- vbroadcastss .L8(%rip), %zmm7
- vbroadcastss .L9(%rip), %zmm6
- vbroadcastss .L10(%rip), %zmm5
- vbroadcastss .L11(%rip), %zmm4
- vpbroadcastd .L12(%rip), %zmm3
- vbroadcastss .L12(%rip), %zmm0
- vbroadcastss .L13(%rip), %zmm15
- vbroadcastss .L14(%rip), %zmm16
- vbroadcastss .L15(%rip), %zmm17
- jmp .L16
-.L17:
- vmaxps %zmm18, %zmm15, %zmm21
+ vpbroadcastd .L10(%rip), %zmm3
+ vbroadcastss .L10(%rip), %zmm0
+ vxorps %xmm15, %xmm15, %xmm15
+ vbroadcastss .L11(%rip), %zmm14
+ vbroadcastss .L12(%rip), %zmm16
+ vbroadcastss .L13(%rip), %zmm17
+ vbroadcastss .L14(%rip), %zmm9
+ vbroadcastss .L15(%rip), %zmm10
+ vbroadcastss .L16(%rip), %zmm18
+ jmp .L17
+.L18:
+ vmaxps %zmm19, %zmm14, %zmm21
  vminps %zmm16, %zmm21, %zmm21
- vmaxps %zmm20, %zmm15, %zmm22
- vcmpleps %zmm14, %zmm22, %k1
- vmovaps %zmm22, %zmm22 {%k1} {z}
- vmulps %zmm9, %zmm22, %zmm23
- vrndscaleps $8, %zmm23, %zmm23
- vfmadd231ps %zmm2, %zmm23, %zmm22
- vfmadd231ps %zmm8, %zmm23, %zmm22
- vmulps %zmm22, %zmm22, %zmm24
- vmovaps %zmm1, %zmm25
- vfmadd213ps %zmm7, %zmm22, %zmm25
- vfmadd213ps %zmm6, %zmm22, %zmm25
- vfmadd213ps %zmm5, %zmm22, %zmm25
- vfmadd213ps %zmm4, %zmm22, %zmm25
- vfmadd213ps %zmm22, %zmm24, %zmm25
- vcvttps2dq %zmm23, %zmm22
- vpsrad $1, %zmm22, %zmm22
- vcvtdq2ps %zmm22, %zmm22
- vsubps %zmm22, %zmm23, %zmm23
- vfmadd132ps %zmm21, %zmm21, %zmm25
+ vxorps %zmm17, %zmm20, %zmm22
+ vmaxps %zmm22, %zmm14, %zmm23
+ vcmpleps %zmm15, %zmm23, %k1
+ vmovaps %zmm23, %zmm23 {%k1} {z}
+ vmulps %zmm9, %zmm23, %zmm24
+ vrndscaleps $8, %zmm24, %zmm24
+ vfmadd231ps %zmm2, %zmm24, %zmm23
+ vfmadd231ps %zmm8, %zmm24, %zmm23
+ vmulps %zmm23, %zmm23, %zmm25
+ vmovaps %zmm1, %zmm26
+ vfmadd213ps %zmm7, %zmm23, %zmm26
+ vfmadd213ps %zmm6, %zmm23, %zmm26
+ vfmadd213ps %zmm5, %zmm23, %zmm26
+ vfmadd213ps %zmm4, %zmm23, %zmm26
+ vfmadd213ps %zmm23, %zmm25, %zmm26
+ vcvttps2dq %zmm24, %zmm23
+ vpsrad $1, %zmm23, %zmm23
+ vcvtdq2ps %zmm23, %zmm23
+ vsubps %zmm23, %zmm24, %zmm24
+ vfmadd132ps %zmm21, %zmm21, %zmm26
+ vcvttps2dq %zmm23, %zmm21
+ vpslld $23, %zmm21, %zmm21
+ vpaddd %zmm3, %zmm21, %zmm21
+ vmulps %zmm21, %zmm26, %zmm23
+ vcvttps2dq %zmm24, %zmm21
+ vpslld $23, %zmm21, %zmm21
+ vpaddd %zmm3, %zmm21, %zmm24
+ vmaxps %zmm22, %zmm10, %zmm21
+ vcmpleps %zmm15, %zmm21, %k1
+ vmovaps %zmm21, %zmm21 {%k1} {z}
+ vmulps %zmm9, %zmm21, %zmm22
+ vrndscaleps $8, %zmm22, %zmm22
+ vfmadd231ps %zmm2, %zmm22, %zmm21
+ vfmadd231ps %zmm8, %zmm22, %zmm21
+ vmulps %zmm21, %zmm21, %zmm25
+ vmovaps %zmm1, %zmm26
+ vfmadd213ps %zmm7, %zmm21, %zmm26
+ vfmadd213ps %zmm6, %zmm21, %zmm26
+ vfmadd213ps %zmm5, %zmm21, %zmm26
+ vfmadd213ps %zmm4, %zmm21, %zmm26
+ vfmadd213ps %zmm21, %zmm25, %zmm26
  vcvttps2dq %zmm22, %zmm21
  vpslld $23, %zmm21, %zmm21
  vpaddd %zmm3, %zmm21, %zmm21
+ vaddps %zmm0, %zmm26, %zmm22
+ vsubps %zmm22, %zmm0, %zmm25
+ vaddps %zmm25, %zmm26, %zmm25
+ vmulps %zmm21, %zmm22, %zmm22
  vmulps %zmm21, %zmm25, %zmm21
- vcvttps2dq %zmm23, %zmm22
- vpslld $23, %zmm22, %zmm22
- vpaddd %zmm3, %zmm22, %zmm22
- vmaxps %zmm20, %zmm10, %zmm20
- vcmpleps %zmm14, %zmm20, %k1
- vmovaps %zmm20, %zmm20 {%k1} {z}
- vmulps %zmm9, %zmm20, %zmm23
- vrndscaleps $8, %zmm23, %zmm23
- vfmadd231ps %zmm2, %zmm23, %zmm20
- vfmadd231ps %zmm8, %zmm23, %zmm20
- vmulps %zmm20, %zmm20, %zmm24
- vmovaps %zmm1, %zmm25
- vfmadd213ps %zmm7, %zmm20, %zmm25
- vfmadd213ps %zmm6, %zmm20, %zmm25
- vfmadd213ps %zmm5, %zmm20, %zmm25
- vfmadd213ps %zmm4, %zmm20, %zmm25
- vfmadd213ps %zmm20, %zmm24, %zmm25
- vcvttps2dq %zmm23, %zmm20
+ vaddps %zmm0, %zmm22, %zmm25
+ vsubps %zmm25, %zmm0, %zmm26
+ vaddps %zmm26, %zmm22, %zmm26
+ vaddps %zmm26, %zmm21, %zmm26
+ vcmpltps %zmm15, %zmm19, %k1
+ vblendmps %zmm22, %zmm0, %zmm22 {%k1}
+ vmovaps %zmm21, %zmm21 {%k1} {z}
+ vmulps %zmm22, %zmm19, %zmm27
+ vfmsub213ps %zmm27, %zmm19, %zmm22
+ vfmadd231ps %zmm21, %zmm19, %zmm22
+ vdivps %zmm25, %zmm0, %zmm28
+ vmulps %zmm28, %zmm27, %zmm29
+ vfnmadd231ps %zmm25, %zmm29, %zmm27
+ vaddps %zmm27, %zmm22, %zmm21
+ vfnmadd231ps %zmm26, %zmm29, %zmm21
+ vfmadd213ps %zmm29, %zmm28, %zmm21
+ vcmpgtps %zmm12, %zmm20, %k2
+ vmovaps %zmm19, %zmm20
+ vmulps %zmm24, %zmm23, %zmm20 {%k1}
+ vmovaps %zmm20, %zmm21 {%k2}
+ vcmpunordps %zmm15, %zmm19, %k1
+ vmovaps %zmm19, %zmm21 {%k1}
+ vcmpltps %zmm18, %zmm19, %k1
+ vbroadcastss .L19(%rip), %zmm21 {%k1}
+ vmovups %zmm21, 64(%rsi,%rax,4)
+ addq $16, %rax
+ cmpq $976, %rax
+ jae .L20
+.L17:
+ vmovups 64(%rdi,%rax,4), %zmm19
+ vandps %zmm11, %zmm19, %zmm20
+ vcmpnleps %zmm12, %zmm20, %k0
+ kortestw %k0, %k0
+ jne .L18
+ vmulps %zmm13, %zmm20, %zmm21
+ vrndscaleps $8, %zmm21, %zmm21
+ vfmsub231ps %zmm2, %zmm21, %zmm20
+ vfmadd231ps %zmm8, %zmm21, %zmm20
+ vmulps %zmm20, %zmm20, %zmm22
+ vmovaps %zmm1, %zmm23
+ vfmadd213ps %zmm7, %zmm20, %zmm23
+ vfmadd213ps %zmm6, %zmm20, %zmm23
+ vfmadd213ps %zmm5, %zmm20, %zmm23
+ vfmadd213ps %zmm4, %zmm20, %zmm23
+ vfmadd213ps %zmm20, %zmm22, %zmm23
+ vcvttps2dq %zmm21, %zmm20
  vpslld $23, %zmm20, %zmm20
  vpaddd %zmm3, %zmm20, %zmm20
- vaddps %zmm0, %zmm25, %zmm23
- vsubps %zmm23, %zmm0, %zmm24
- vaddps %zmm24, %zmm25, %zmm24
- vmulps %zmm20, %zmm23, %zmm23
- vmulps %zmm20, %zmm24, %zmm20
- vaddps %zmm0, %zmm23, %zmm24
- vsubps %zmm24, %zmm0, %zmm25
- vaddps %zmm25, %zmm23, %zmm25
- vaddps %zmm25, %zmm20, %zmm25
- vcmpltps %zmm14, %zmm18, %k1
- vblendmps %zmm23, %zmm0, %zmm23 {%k1}
- vmovaps %zmm20, %zmm20 {%k1} {z}
- vmulps %zmm23, %zmm18, %zmm26
- vfmsub213ps %zmm26, %zmm18, %zmm23
- vfmadd231ps %zmm20, %zmm18, %zmm23
- vdivps %zmm24, %zmm0, %zmm27
- vmulps %zmm27, %zmm26, %zmm28
- vfnmadd231ps %zmm24, %zmm28, %zmm26
- vaddps %zmm26, %zmm23, %zmm20
- vfnmadd231ps %zmm25, %zmm28, %zmm20
- vfmadd213ps %zmm28, %zmm27, %zmm20
- vcmpgtps %zmm12, %zmm19, %k2
- vmovaps %zmm18, %zmm19
- vmulps %zmm22, %zmm21, %zmm19 {%k1}
- vmovaps %zmm19, %zmm20 {%k2}
- vcmpunordps %zmm14, %zmm18, %k1
- vmovaps %zmm18, %zmm20 {%k1}
- vcmpltps %zmm17, %zmm18, %k1
- vbroadcastss .L18(%rip), %zmm20 {%k1}
- vmovups %zmm20, 64(%rsi,%rax,4)
- addq $16, %rax
- cmpq $976, %rax
- jae .L19
-.L16:
- vmovups 64(%rdi,%rax,4), %zmm18
- vandps %zmm11, %zmm18, %zmm19
- vcmpnleps %zmm12, %zmm19, %k0
- kortestw %k0, %k0
- vxorps %zmm13, %zmm19, %zmm20
- jne .L17
- vmaxps %zmm20, %zmm10, %zmm19
- vcmpleps %zmm14, %zmm19, %k1
- vmovaps %zmm19, %zmm19 {%k1} {z}
- vmulps %zmm9, %zmm19, %zmm20
- vrndscaleps $8, %zmm20, %zmm20
- vfmadd231ps %zmm2, %zmm20, %zmm19
- vfmadd231ps %zmm8, %zmm20, %zmm19
- vmulps %zmm19, %zmm19, %zmm21
- vmovaps %zmm1, %zmm22
- vfmadd213ps %zmm7, %zmm19, %zmm22
- vfmadd213ps %zmm6, %zmm19, %zmm22
- vfmadd213ps %zmm5, %zmm19, %zmm22
- vfmadd213ps %zmm4, %zmm19, %zmm22
- vfmadd213ps %zmm19, %zmm21, %zmm22
- vcvttps2dq %zmm20, %zmm19
- vpslld $23, %zmm19, %zmm19
- vpaddd %zmm3, %zmm19, %zmm19
- vaddps %zmm0, %zmm22, %zmm20
- vsubps %zmm20, %zmm0, %zmm21
- vaddps %zmm21, %zmm22, %zmm21
- vmulps %zmm19, %zmm20, %zmm20
- vmulps %zmm19, %zmm21, %zmm19
- vaddps %zmm0, %zmm20, %zmm21
+ vaddps %zmm0, %zmm23, %zmm21
  vsubps %zmm21, %zmm0, %zmm22
- vaddps %zmm22, %zmm20, %zmm22
- vaddps %zmm22, %zmm19, %zmm22
- vcmpltps %zmm14, %zmm18, %k1
- vblendmps %zmm20, %zmm0, %zmm20 {%k1}
- vmovaps %zmm19, %zmm19 {%k1} {z}
- vmulps %zmm20, %zmm18, %zmm23
- vfmsub213ps %zmm23, %zmm18, %zmm20
- vfmadd231ps %zmm19, %zmm18, %zmm20
- vdivps %zmm21, %zmm0, %zmm19
- vmulps %zmm19, %zmm23, %zmm24
- vfnmadd231ps %zmm21, %zmm24, %zmm23
- vaddps %zmm23, %zmm20, %zmm20
- vfnmadd231ps %zmm22, %zmm24, %zmm20
- vfmadd213ps %zmm24, %zmm19, %zmm20
- vcmpunordps %zmm14, %zmm18, %k1
- vmovaps %zmm18, %zmm20 {%k1}
- vmovups %zmm20, 64(%rsi,%rax,4)
+ vaddps %zmm22, %zmm23, %zmm22
+ vmulps %zmm20, %zmm21, %zmm21
+ vmulps %zmm20, %zmm22, %zmm20
+ vcmpltps %zmm15, %zmm19, %k1
+ vblendmps %zmm21, %zmm0, %zmm22 {%k1}
+ vmovaps %zmm20, %zmm23 {%k1} {z}
+ vmulps %zmm22, %zmm19, %zmm24
+ vfmsub213ps %zmm24, %zmm19, %zmm22
+ vfmadd231ps %zmm23, %zmm19, %zmm22
+ vaddps %zmm0, %zmm21, %zmm19
+ vsubps %zmm19, %zmm0, %zmm23
+ vaddps %zmm23, %zmm21, %zmm21
+ vdivps %zmm19, %zmm0, %zmm23
+ vaddps %zmm21, %zmm20, %zmm20
+ vmulps %zmm23, %zmm24, %zmm25
+ vfnmadd231ps %zmm19, %zmm25, %zmm24
+ vaddps %zmm24, %zmm22, %zmm21
+ vfnmadd231ps %zmm20, %zmm25, %zmm21
+ vfmadd213ps %zmm25, %zmm23, %zmm21
+ vmovups %zmm21, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
- jb .L16
-.L19:
+ jb .L17
+.L20:
  kxnorb %k0, %k0, %k1
  vmovups 3968(%rdi), %zmm11 {%k1} {z}
- vmaxps %zmm11, %zmm15, %zmm12
- vminps .L14(%rip){1to16}, %zmm12, %zmm14
+ vmaxps %zmm11, %zmm14, %zmm12
+ vminps .L12(%rip){1to16}, %zmm12, %zmm15
  vandps .L0(%rip){1to16}, %zmm11, %zmm13
- vorps .L2(%rip){1to16}, %zmm11, %zmm16
- vmaxps %zmm16, %zmm15, %zmm15
+ vorps .L13(%rip){1to16}, %zmm11, %zmm16
+ vmaxps %zmm16, %zmm14, %zmm14
  vxorps %xmm12, %xmm12, %xmm12
- vcmpleps %zmm12, %zmm15, %k2
- vmovaps %zmm15, %zmm15 {%k2} {z}
- vmulps %zmm9, %zmm15, %zmm17
+ vcmpleps %zmm12, %zmm14, %k2
+ vmovaps %zmm14, %zmm14 {%k2} {z}
+ vmulps %zmm9, %zmm14, %zmm17
  vrndscaleps $8, %zmm17, %zmm17
- vfmadd231ps %zmm2, %zmm17, %zmm15
- vfmadd231ps %zmm8, %zmm17, %zmm15
- vmulps %zmm15, %zmm15, %zmm18
+ vfmadd231ps %zmm2, %zmm17, %zmm14
+ vfmadd231ps %zmm8, %zmm17, %zmm14
+ vmulps %zmm14, %zmm14, %zmm18
  vmovaps %zmm1, %zmm19
- vfmadd213ps %zmm7, %zmm15, %zmm19
- vfmadd213ps %zmm6, %zmm15, %zmm19
- vfmadd213ps %zmm5, %zmm15, %zmm19
- vfmadd213ps %zmm4, %zmm15, %zmm19
- vfmadd213ps %zmm15, %zmm18, %zmm19
- vcvttps2dq %zmm17, %zmm15
- vpsrad $1, %zmm15, %zmm15
- vcvtdq2ps %zmm15, %zmm15
- vsubps %zmm15, %zmm17, %zmm17
- vfmadd132ps %zmm14, %zmm14, %zmm19
- vcvttps2dq %zmm15, %zmm14
+ vfmadd213ps %zmm7, %zmm14, %zmm19
+ vfmadd213ps %zmm6, %zmm14, %zmm19
+ vfmadd213ps %zmm5, %zmm14, %zmm19
+ vfmadd213ps %zmm4, %zmm14, %zmm19
+ vfmadd213ps %zmm14, %zmm18, %zmm19
+ vcvttps2dq %zmm17, %zmm14
+ vpsrad $1, %zmm14, %zmm14
+ vcvtdq2ps %zmm14, %zmm14
+ vsubps %zmm14, %zmm17, %zmm17
+ vfmadd132ps %zmm15, %zmm15, %zmm19
+ vcvttps2dq %zmm14, %zmm14
  vpslld $23, %zmm14, %zmm14
  vpaddd %zmm3, %zmm14, %zmm14
  vmulps %zmm14, %zmm19, %zmm14
@@ -227,8 +223,8 @@ main_compute_:
  vmovaps %zmm0, %zmm2 {%k3}
  vcmpunordps %zmm12, %zmm11, %k2
  vmovaps %zmm11, %zmm2 {%k2}
- vcmpltps .L15(%rip){1to16}, %zmm11, %k2
- vbroadcastss .L18(%rip), %zmm2 {%k2}
+ vcmpltps .L16(%rip){1to16}, %zmm11, %k2
+ vbroadcastss .L19(%rip), %zmm2 {%k2}
  vmovups %zmm2, 3968(%rsi) {%k1}
  vzeroupper
  retq

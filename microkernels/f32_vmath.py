@@ -143,9 +143,10 @@ def _ratio(o: Ops, x, scale, far_neg):
     """(scale * (x < 0 ? e : 1)) / (1 + e), e = exp(-|x|) (scale = x: SiLU; None: sigmoid),
     correctly rounded but for e's own error: the denominator is split into hi + lo exactly
     and the quotient corrected by its residual. far_neg: the result for x < -FAR (None: no x
-    is beyond FAR, the near form)."""
+    is beyond FAR, the near form: every x is then a number within FAR, so -|x| needs no clamp
+    and no NaN passes through, the same bits with five vector instructions fewer)."""
     a = o.neg(o.abs(x))
-    ac = clamp_nan_through(o, a, -FAR, 0.0)
+    ac = a if far_neg is None else clamp_nan_through(o, a, -FAR, 0.0)
     # |ac| <= FAR: n >= -93, so 2^n is normal and one power of two does (the bits are those
     # of two powers, nine instructions fewer).
     t, n = _exp_reduced(o, ac)
@@ -174,8 +175,9 @@ def _ratio(o: Ops, x, scale, far_neg):
     if scale is None:  # 1 / den: 1 - sigmoid(x) on the negative side, sigmoid(x) on the other
         inv = o.select(neg, o.sub(o.c(1.0), q), q)
     y = o.fma(r, inv, q)
-    if far_neg is not None:
-        y = o.select(o.gt(o.abs(x), o.c(FAR)), o.select(neg, far_neg, x if scale is not None else o.c(1.0)), y)
+    if far_neg is None:
+        return y
+    y = o.select(o.gt(o.abs(x), o.c(FAR)), o.select(neg, far_neg, x if scale is not None else o.c(1.0)), y)
     return o.select(o.isnan(x), x, y)
 
 

@@ -27,6 +27,12 @@ over the tensor in parallel chunks (intrinsics.f32_vmath.map_func), opaque to Fu
 elementwise neighbour is a pass of its own. SiLU as the ONNX export writes it, x * sigmoid(x)
 (either order), becomes one SiLU first: one pass, not two, and SiLU's bound, not the sum of two.
 
+LayerNorm over the last axis of a float32 tensor (ConvNeXt's tokens, and its NCHW layer norms,
+which the frontends write as permute, layer norm, permute) is legalized to the LayerNorm row
+kernel (microkernels/f32_layernorm.py, intrinsics.f32_vmath.layer_norm_func): each row of C
+values summed, its deviations summed and normalized in L1, rows in parallel chunks. TVM's
+legalization reduced across pixels instead, a strided gather per value.
+
 Functions are renamed `mk_<op>` (a prefix `bench`'s breakdown counts as ours) and marked
 scheduled and opaque, so `tvm.compile`'s own FuseOps does not fuse them again.
 """
@@ -56,6 +62,16 @@ _VECTOR_MATH_ATTR = "mk_vector_math"  # on the legalized vector math functions: 
 VECTOR_MATH = {"relax.exp": "exp", "relax.sigmoid": "sigmoid", "relax.nn.silu": "silu", "relax.nn.gelu": "gelu"}
 
 
+def _call_ours(bb: relax.BlockBuilder, func: tirx.PrimFunc, name: str, args: list, how: str) -> relax.Expr:
+    """call_tir of one of our row-kernel PrimFuncs, added as mk_<name>: scheduled, opaque (so
+    FuseOps leaves it alone), `how` kept for the report; its output shaped as args[0]."""
+    func = func.without_attr("global_symbol").with_attr("tir.is_scheduled", True).with_attr(
+        "op_pattern", _OPAQUE).with_attr(_VECTOR_MATH_ATTR, how)
+    gv = bb.add_func(func, PREFIX + name)
+    bb.update_func(gv, func.with_attr("global_symbol", gv.name_hint))  # the name add_func made unique
+    return relax.call_tir(gv, args, args[0].ty)
+
+
 def _vector_math_legalizer(op_name: str, fn: str, isa, threads: int | None):
     default = tvm.ir.Op.get(op_name).get_attr("FLegalize")
 
@@ -64,13 +80,29 @@ def _vector_math_legalizer(op_name: str, fn: str, isa, threads: int | None):
         shape = exprs.shape(x)
         if exprs.dtype(x) != "float32" or shape is None:
             return default(bb, call)
-        func = f32_vmath.map_func(fn, shape, isa, threads)
-        how = f"vector math: {f32_vmath.describe(fn, shape, isa, threads)}"
-        func = func.without_attr("global_symbol").with_attr("tir.is_scheduled", True).with_attr(
-            "op_pattern", _OPAQUE).with_attr(_VECTOR_MATH_ATTR, how)
-        gv = bb.add_func(func, PREFIX + fn)
-        bb.update_func(gv, func.with_attr("global_symbol", gv.name_hint))  # the name add_func made unique
-        return relax.call_tir(gv, [x], x.ty)
+        return _call_ours(bb, f32_vmath.map_func(fn, shape, isa, threads), fn, [x],
+                          f"vector math: {f32_vmath.describe(fn, shape, isa, threads)}")
+
+    return legalize
+
+
+def _layer_norm_legalizer(isa, threads: int | None):
+    """relax.nn.layer_norm over the last axis of a float32 tensor of static shape, with gamma
+    and beta of C values, as the row kernel (intrinsics.f32_vmath.layer_norm_func); any other
+    layer norm keeps TVM's legalization."""
+    default = tvm.ir.Op.get("relax.nn.layer_norm").get_attr("FLegalize")
+
+    def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        x, gamma, beta = call.args
+        shape, a = exprs.shape(x), call.attrs
+        axes = [int(v) for v in a.axes]
+        if (not shape or 0 in shape or any(exprs.dtype(t) != "float32" for t in call.args) or not (a.center and a.scale)
+                or [v % len(shape) for v in axes] != [len(shape) - 1]
+                or exprs.shape(gamma) != (shape[-1],) or exprs.shape(beta) != (shape[-1],)):
+            return default(bb, call)
+        eps = float(a.epsilon)
+        return _call_ours(bb, f32_vmath.layer_norm_func(shape, isa, threads, eps), "layer_norm", [x, gamma, beta],
+                          f"layer norm: {f32_vmath.describe_layer_norm(shape, isa, threads, eps)}")
 
     return legalize
 
@@ -95,6 +127,7 @@ def silu_from_parts(mod: tvm.IRModule) -> tvm.IRModule:
 
 def _legalize(isa, threads: int | None) -> tvm.transform.Pass:
     ours = {op: _vector_math_legalizer(op, fn, isa, threads) for op, fn in VECTOR_MATH.items()}
+    ours["relax.nn.layer_norm"] = _layer_norm_legalizer(isa, threads)
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=ours),
         relax.transform.AnnotateTIROpPattern(),

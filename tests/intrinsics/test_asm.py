@@ -6,6 +6,7 @@ import pytest
 from intrinsics import golden
 from microkernels import asm
 from intrinsics.f32_dwconv import DwRow
+from microkernels.f32_layernorm import LayerNormKernel
 from microkernels.f32_vmap import VmapKernel
 from microkernels.f32_wino import WinoKernel
 from microkernels.int_amx import AmxGemmKernel
@@ -17,8 +18,8 @@ from .. import golden_dumps
 CASES = golden.cases()
 # The Winograd transforms are straight-line code with no K loop (test_f32_wino_asm.py states
 # theirs); the depthwise rows have a pixel loop of their own (test_f32_dwconv.py), the vector
-# math rows a loop over values (test_f32_vmath.py).
-TILES = [k for k in CASES if not isinstance(k, (WinoKernel, DwRow, VmapKernel))]
+# math rows a loop over values (test_f32_vmath.py), the LayerNorm rows three (test_f32_layernorm.py).
+TILES = [k for k in CASES if not isinstance(k, (WinoKernel, DwRow, VmapKernel, LayerNormKernel))]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda k: k.name)

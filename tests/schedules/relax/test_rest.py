@@ -269,3 +269,28 @@ def test_silu_written_as_x_times_sigmoid_is_one_silu():
     np.testing.assert_array_equal(got[:, 0:2], silu)
     np.testing.assert_array_equal(got[:, 2:4], silu)
     np.testing.assert_array_equal(got[:, 4:6], (x + np.float32(1)) * vm.evaluate(vm.NumpyOps(), "sigmoid", x))
+
+
+@pytest.mark.parametrize("shape, axes, ours", [
+    ((1, 14, 14, 96), [-1], True),  # ConvNeXt's tokens, NHWC
+    ((2, 50, 40), [2], True),  # a tail of 40 % 16 on AVX-512, none on AVX2
+    ((1, 8, 6, 6), [1], False),  # over channels in NCHW: TVM's legalization, scheduled by the rules
+    ((3, 5, 7), [1, 2], False),  # over two axes
+])
+def test_layer_norm_over_the_last_axis_on_our_row_kernel(shape, axes, ours):
+    """relax.nn.layer_norm over the last axis is the row kernel (the report says so), equal to
+    TVM's own lowering within a few ulp of the output (the sums' order differs); any other
+    layer norm stays TVM's, scheduled by the rules, and the report says nothing of the kernel."""
+    rng = np.random.default_rng(5)
+    norm = [shape[a] for a in axes]
+    g, b = rng_array(rng, norm), rng_array(rng, norm)
+    mod = module(shape, lambda bb, x: relax.op.nn.layer_norm(x, relax.const(g), relax.const(b), axes=axes,
+                                                             epsilon=1e-6))
+    opt, report = scheduled(mod)
+    assert all(r["runs_on"] in ("ours", "view") for r in report), report
+    kernels = [r["reason"] for r in report if r["reason"].startswith("layer norm")]
+    assert bool(kernels) == ours, report
+    if ours:
+        assert kernels[0].startswith(f"layer norm: mk_f32_layernorm_c{shape[-1]}_"), kernels
+    x = (rng.standard_normal(shape) * 3 + 2).astype(np.float32)
+    np.testing.assert_allclose(run(opt, x), run(mod, x), rtol=0, atol=2e-5 * (np.abs(g).max() + np.abs(b).max()))

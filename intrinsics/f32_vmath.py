@@ -5,7 +5,8 @@ and exp onto it (schedules/relax/rest.py).
 
 `map_func(fn, shape, isa, threads)`: main(x, y), both float32 of `shape`, any alignment.
 `layer_norm_func(shape, isa, threads, eps)`: main(x, gamma, beta, y), LayerNorm over the last
-axis through microkernels/f32_layernorm.py, chunks of whole rows. Chunks: equal whole shares of CHUNK values or fewer, their count a multiple of the threads, so
+axis through microkernels/f32_layernorm.py, in chunks of whole rows.
+Chunks: equal whole shares of CHUNK values or fewer, their count a multiple of the threads, so
 each thread gets the same number of equal chunks (TVM's parallel loop hands out contiguous
 iteration ranges); below SERIAL values one call, no parallel region.
 """
@@ -90,5 +91,6 @@ def _chunked(kern, params: str, n: int, calls: int, per: int, args) -> tirx.Prim
     else:
         lines += [f"        for chunk in T.parallel({calls}):",
                   "            with T.attr(0, 'pragma_import_llvm', IR):",
-                  "                " + call.format(name=kern.name, args=args(f"chunk * {per}", f"T.min({per}, {n} - chunk * {per})"))]
+                  "                " + call.format(name=kern.name,
+                                                  args=args(f"chunk * {per}", f"T.min({per}, {n} - chunk * {per})"))]
     return parse("\n".join(lines), IR=kern.llvm_ir())

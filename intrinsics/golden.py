@@ -113,7 +113,8 @@ def compiled_function(kern) -> str:
     if isinstance(kern, (VmapKernel, LayerNormKernel)):  # the whole-tensor function, one call
         func = (ivmath.map_func(kern.fn, (VMAP_N,), kern.isa, 1, kern.alpha) if isinstance(kern, VmapKernel)
                 else ivmath.layer_norm_func((LAYER_NORM_ROWS, kern.c), kern.isa, 1, kern.eps))
-        return asm.compute_function(tvm.compile(tvm.IRModule({"main": func}), target=kern.isa.target).mod.inspect_source("asm"))
+        lib = tvm.compile(tvm.IRModule({"main": func}), target=kern.isa.target)
+        return asm.compute_function(lib.mod.inspect_source("asm"))
     if isinstance(kern, AmxGemmKernel):  # one call between its tile configuration and release, dense operands
         k = AMX_GOLDEN_K
         lda, ldb, ldc = k, kern.group * kern.nr, kern.nr

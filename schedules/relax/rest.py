@@ -55,7 +55,8 @@ PREFIX = "mk_"
 SERIAL_WORK = 1 << 14  # below this many loop iterations a parallel region costs more than it saves
 VECTOR_STEPS = (64, 32, 16, 8, 4)  # inner vector loop lengths tried, longest first (LLVM splits into registers)
 _OPAQUE = 8  # relax.OpPatternKind.kOpaque
-_VECTOR_MATH_ATTR = "mk_vector_math"  # on the legalized vector math functions: the report's reason
+# On the legalized row-kernel functions (vector math, layer norm): the report's reason.
+_VECTOR_MATH_ATTR = "mk_vector_math"
 
 
 # Relax op -> the f32_vmath function it computes (float32 only; other dtypes keep TVM's).

@@ -63,17 +63,22 @@ _VECTOR_MATH_ATTR = "mk_vector_math"
 VECTOR_MATH = {"relax.exp": "exp", "relax.sigmoid": "sigmoid", "relax.nn.silu": "silu", "relax.nn.gelu": "gelu"}
 
 
-def _call_ours(bb: relax.BlockBuilder, func: tirx.PrimFunc, name: str, args: list, how: str) -> relax.Expr:
-    """call_tir of one of our row-kernel PrimFuncs, added as mk_<name>: scheduled, opaque (so
-    FuseOps leaves it alone), `how` kept for the report; its output shaped as args[0]."""
-    func = func.without_attr("global_symbol").with_attr("tir.is_scheduled", True).with_attr(
-        "op_pattern", _OPAQUE).with_attr(_VECTOR_MATH_ATTR, how)
-    gv = bb.add_func(func, PREFIX + name)
-    bb.update_func(gv, func.with_attr("global_symbol", gv.name_hint))  # the name add_func made unique
+def _call_ours(bb: relax.BlockBuilder, made: dict, key: tuple, make, name: str, args: list) -> relax.Expr:
+    """call_tir of one of our row-kernel PrimFuncs, added once per `key` as mk_<name> (a model
+    repeats its shapes: ConvNeXt's 18 GELUs are 4 functions): make() gives (the PrimFunc, what
+    the report says of it), the function is marked scheduled and opaque (FuseOps leaves it
+    alone); the call's output is shaped as args[0]."""
+    gv = made.get(key)
+    if gv is None:
+        func, how = make()
+        func = func.without_attr("global_symbol").with_attr("tir.is_scheduled", True).with_attr(
+            "op_pattern", _OPAQUE).with_attr(_VECTOR_MATH_ATTR, how)
+        gv = made[key] = bb.add_func(func, PREFIX + name)
+        bb.update_func(gv, func.with_attr("global_symbol", gv.name_hint))  # the name add_func made unique
     return relax.call_tir(gv, args, args[0].ty)
 
 
-def _vector_math_legalizer(op_name: str, fn: str, isa, threads: int | None):
+def _vector_math_legalizer(op_name: str, fn: str, isa, threads: int | None, made: dict):
     default = tvm.ir.Op.get(op_name).get_attr("FLegalize")
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -81,13 +86,14 @@ def _vector_math_legalizer(op_name: str, fn: str, isa, threads: int | None):
         shape = exprs.shape(x)
         if exprs.dtype(x) != "float32" or shape is None:
             return default(bb, call)
-        return _call_ours(bb, f32_vmath.map_func(fn, shape, isa, threads), fn, [x],
-                          f"vector math: {f32_vmath.describe(fn, shape, isa, threads)}")
+        return _call_ours(bb, made, (fn, shape), lambda: (
+            f32_vmath.map_func(fn, shape, isa, threads), f"vector math: {f32_vmath.describe(fn, shape, isa, threads)}"),
+            fn, [x])
 
     return legalize
 
 
-def _layer_norm_legalizer(isa, threads: int | None):
+def _layer_norm_legalizer(isa, threads: int | None, made: dict):
     """relax.nn.layer_norm over the last axis of a float32 tensor of static shape, with gamma
     and beta of C values, as the row kernel (intrinsics.f32_vmath.layer_norm_func); any other
     layer norm keeps TVM's legalization."""
@@ -102,8 +108,9 @@ def _layer_norm_legalizer(isa, threads: int | None):
                 or exprs.shape(gamma) != (shape[-1],) or exprs.shape(beta) != (shape[-1],)):
             return default(bb, call)
         eps = float(a.epsilon)
-        return _call_ours(bb, f32_vmath.layer_norm_func(shape, isa, threads, eps), "layer_norm", [x, gamma, beta],
-                          f"layer norm: {f32_vmath.describe_layer_norm(shape, isa, threads, eps)}")
+        return _call_ours(bb, made, ("layer_norm", shape, eps), lambda: (
+            f32_vmath.layer_norm_func(shape, isa, threads, eps),
+            f"layer norm: {f32_vmath.describe_layer_norm(shape, isa, threads, eps)}"), "layer_norm", [x, gamma, beta])
 
     return legalize
 
@@ -127,8 +134,9 @@ def silu_from_parts(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def _legalize(isa, threads: int | None) -> tvm.transform.Pass:
-    ours = {op: _vector_math_legalizer(op, fn, isa, threads) for op, fn in VECTOR_MATH.items()}
-    ours["relax.nn.layer_norm"] = _layer_norm_legalizer(isa, threads)
+    made: dict = {}  # one function per (op, shape), for every call of it in the module
+    ours = {op: _vector_math_legalizer(op, fn, isa, threads, made) for op, fn in VECTOR_MATH.items()}
+    ours["relax.nn.layer_norm"] = _layer_norm_legalizer(isa, threads, made)
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(customize_legalize_map=ours),
         relax.transform.AnnotateTIROpPattern(),

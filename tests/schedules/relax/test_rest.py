@@ -294,3 +294,28 @@ def test_layer_norm_over_the_last_axis_on_our_row_kernel(shape, axes, ours):
         assert kernels[0].startswith(f"layer norm: mk_f32_layernorm_c{shape[-1]}_"), kernels
     x = (rng.standard_normal(shape) * 3 + 2).astype(np.float32)
     np.testing.assert_allclose(run(opt, x), run(mod, x), rtol=0, atol=2e-5 * (np.abs(g).max() + np.abs(b).max()))
+
+
+def test_repeated_shapes_share_one_function():
+    """A model repeats its shapes: each (op, shape) is one function, called at every place, and
+    every call computes its own input (two layer norms of one shape with other gammas)."""
+    shape = (1, 6, 6, 24)
+    rng = np.random.default_rng(6)
+    g1, g2, b = rng_array(rng, (24,)), rng_array(rng, (24,)), rng_array(rng, (24,))
+
+    def body(bb, x):
+        a = bb.emit(relax.op.nn.silu(x))
+        c = bb.emit(relax.op.nn.silu(relax.op.multiply(a, relax.const(2.0))))
+        d = bb.emit(relax.op.nn.silu(relax.op.reshape(c, (36, 24))))
+        n1 = bb.emit(relax.op.nn.layer_norm(a, relax.const(g1), relax.const(b), axes=[-1]))
+        n2 = bb.emit(relax.op.nn.layer_norm(c, relax.const(g2), relax.const(b), axes=[-1]))
+        return relax.op.concat([n1, n2, relax.op.reshape(d, shape)], axis=0)
+
+    mod = module(shape, body)
+    opt, report = scheduled(mod)
+    ours = sorted(r["reason"].split(":")[0] for r in report if r["reason"].startswith(("vector math", "layer norm")))
+    assert ours == ["layer norm", "vector math", "vector math"], report  # silu at two shapes, one layer norm
+    names = [gv.name_hint for gv, f in opt.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len([n for n in names if n.startswith(("mk_silu", "mk_layer_norm"))]) == 3, names
+    x = rng_array(rng, shape)
+    np.testing.assert_allclose(run(opt, x), run(mod, x), rtol=0, atol=1e-4)

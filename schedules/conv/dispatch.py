@@ -23,6 +23,7 @@ import logging
 import os
 
 import numpy as np
+import tvm
 
 from intrinsics.templates import DEFAULT_CLIP
 from microkernels import DEFAULT_TILES
@@ -206,7 +207,19 @@ def schedule(conv: ConvParams, *, post_ops: PostOps = NO_POST_OPS, quant: Quanti
     # (tuned.py) are in every key).
     return cache.cached("schedule", (conv, post_ops, isa.name, algorithm, tile, threads, pool, blocking.l1,
                                      blocking.l2, emulate),
-                        lambda: _schedule_x86(conv, post_ops, isa, algorithm, tile, threads, pool, blocking, emulate))
+                        lambda: _schedule_x86(conv, post_ops, isa, algorithm, tile, threads, pool, blocking, emulate),
+                        valid=lambda s: _schedules(s, conv, post_ops, isa.name))
+
+
+def _schedules(s, conv: ConvParams, post_ops: PostOps, isa_name: str) -> bool:
+    """Whether a compile cache entry holds a schedule of this layer (an entry that does not is
+    rebuilt): the cache binds entries to their keys, this checks what they hold."""
+    if not (isinstance(s, Scheduled) and isinstance(s.mod, tvm.IRModule) and isinstance(s.geometry, Geometry)
+            and s.post == post_ops and getattr(s.isa, "name", None) == isa_name):
+        return False
+    g, (o, _, kh, kw) = s.geometry, conv.weight_shape
+    return ((g.n, g.c, g.h, g.w) == tuple(conv.data_shape) and (g.o, g.kh, g.kw) == (o, kh, kw)
+            and g.stride == conv.stride and g.dilation == conv.dilation and g.pad == conv.padding)
 
 
 def layer_key(conv: ConvParams) -> str:
@@ -386,7 +399,9 @@ def schedule_inverted(data_shape, expand_weight_shape, dw_weight_shape, stride=1
     isa = resolve(target)
     if isa.arch != "x86":
         raise ValueError(f"the fused inverted residual block is an x86 float32 op, not {isa.name}")
-    mod, plan = cache.cached("inverted", (lay, isa.name), lambda: inverted.schedule(lay, isa))
+    mod, plan = cache.cached("inverted", (lay, isa.name), lambda: inverted.schedule(lay, isa),
+                             valid=lambda v: isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], tvm.IRModule)
+                             and isinstance(v[1], inverted.InvertedPlan))
     return lay, isa, mod, plan
 
 

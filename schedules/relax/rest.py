@@ -160,8 +160,8 @@ def _vector_step(extent: int) -> int:
 
 def _innermost_output_var(block: tirx.SBlock):
     """The block iter var that indexes the written buffer's last dimension by itself (unit
-    stride in the output), or None."""
-    if len(block.writes) != 1:
+    stride in the output), or None (also for a 0-d buffer: a layer norm's mean over every axis)."""
+    if len(block.writes) != 1 or not block.writes[0].region:
         return None
     last = block.writes[0].region[-1].min
     for iv in block.iter_vars:

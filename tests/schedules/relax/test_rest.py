@@ -276,6 +276,9 @@ def test_silu_written_as_x_times_sigmoid_is_one_silu():
     ((2, 50, 40), [2], True),  # a tail of 40 % 16 on AVX-512, none on AVX2
     ((1, 8, 6, 6), [1], False),  # over channels in NCHW: TVM's legalization, scheduled by the rules
     ((3, 5, 7), [1, 2], False),  # over two axes
+    # Over every axis (ONNX's LayerNormalization with axis 0): the mean and variance are 0-d
+    # buffers, which the rules' output-dimension lookup raised an IndexError on.
+    ((4, 5), [0, 1], False), ((2, 3, 4, 5), [0, 1, 2, 3], False),
 ])
 def test_layer_norm_over_the_last_axis_on_our_row_kernel(shape, axes, ours):
     """relax.nn.layer_norm over the last axis is the row kernel (the report says so), equal to

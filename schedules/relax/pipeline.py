@@ -7,7 +7,8 @@
   2. converts the float32 convs with static shapes to NCHW16c data / OIHW16i16o weights with
      TVM's ConvertLayout, which carries the elementwise ops between them into the blocked
      layout and leaves one layout transform at the model's entry and one at its exit (every
-     other conv, and ops such as conv2d_transpose, keep their layouts: `_desired_layouts`);
+     other conv, and ops such as conv2d_transpose, keep their layouts: `_desired_layouts`; a
+     stack, whose layout rule in TVM 0.27 breaks the next op's, goes in as a concat of expand_dims);
      FoldConstant packs the weights then, at compile time, into exactly our weight layout,
   3. replaces each conv2d by a `call_tir` of our tensorized PrimFunc (one per distinct layer
      geometry and post-ops, shared by the layers that repeat it), with algorithm="auto"
@@ -76,6 +77,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
         mod = qdq_convs(mod, target, threads, report)
         mod = _fold_batch_norms(mod, report)
         mod = exprs.mutate(mod, SplitClips(mod))
+        mod = exprs.mutate(mod, _StacksAsConcats(mod))
         mod = tvm.transform.Sequential([
             relax.transform.ConvertLayout({}, layout_cb=functools.partial(_desired_layouts, block=block)),
             relax.transform.Normalize(),
@@ -106,6 +108,30 @@ def _desired_layouts(call: relax.Call, block: int) -> dict:
     if hasattr(a, "data_layout") and hasattr(a, "kernel_layout"):
         return {name: [a.data_layout, a.kernel_layout]}
     return {}
+
+
+_STACK = tvm.ir.Op.get("relax.stack")
+
+
+@relax.expr_functor.mutator
+class _StacksAsConcats(relax.PyExprMutator):
+    """stack(ts, axis) -> concat([expand_dims(t, axis) for t in ts], axis), the same tensor, for
+    ConvertLayout: TVM 0.27's layout rule for stack names the new axis "S", which the next op's
+    rule cannot find ("Invalid SLayout: can't find S in source layout ABCD": TVM's importer
+    writes ONNX's Sum and Max of several tensors as a stack and a reduction over it), while
+    expand_dims and concat hand a blocked tensor's NCHW form on, as their rules say."""
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        ndim = getattr(call.ty, "ndim", -1)
+        if not exprs.is_call(call, _STACK) or ndim < 1 or not isinstance(call.args[0].ty, relax.TupleType):
+            return call
+        tensors = call.args[0]
+        axis = 0 if call.attrs.axis is None else int(call.attrs.axis)
+        axis = axis + ndim if axis < 0 else axis
+        parts = tensors.fields if isinstance(tensors, relax.Tuple) else \
+            [relax.TupleGetItem(tensors, i) for i in range(len(tensors.ty.fields))]
+        return relax.op.concat([self.builder_.emit(relax.op.expand_dims(t, axis)) for t in parts], axis)
 
 
 def _fold_batch_norms(mod: tvm.IRModule, report: list) -> tvm.IRModule:

@@ -24,7 +24,9 @@
      the classifier's matmul, adds that follow no conv, the edge layout transforms: vectorized
      and parallel), unless `lower=False`, which returns the Relax graph of steps 1-5.
 Compile the result with `tvm.compile(mod, target=Target(...))` (`build` does both steps, its
-PrimFuncs' machine code made on every core: codegen.py) and run it on `relax.VirtualMachine`.
+PrimFuncs' machine code made on every core: codegen.py; where they fail on a model TVM's own
+build takes, that build, with a warning and the reason in the report) and run it on
+`relax.VirtualMachine`.
 
 Which ops run where: conv2d.py's module doc.
 """
@@ -226,6 +228,26 @@ def is_quantized(mod: tvm.IRModule) -> bool:
     return bool(found)
 
 
+def _said(err: BaseException) -> str:
+    """An exception in one line: its type and its message's last line (TVM's own stack above it)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[-1].strip()}" if lines else type(err).__name__
+
+
+def _tvms_own(mod: tvm.IRModule, llvm: tvm.target.Target, err: Exception):
+    """tvm.compile of `mod` itself, when our pass or the build of its output raised `err`: the
+    pass must not turn a model TVM builds into one it cannot build. Warns (naming `err`, a bug
+    of ours to report); where TVM's own build fails too, `err` stands."""
+    try:
+        ex = tvm.compile(mod, target=llvm)
+    except Exception as own:  # noqa: BLE001 - any failure of TVM's own leaves ours the error to raise
+        LOG.info("our build of the model failed (%s); TVM's own build fails too (%s)", _said(err), _said(own))
+        raise err from None
+    LOG.warning("our pass's output failed to build (%s): the model is TVM's own build instead, without our kernels; "
+                "please report this model to tvm-microkernels", _said(err), extra={"mk_fallback": True})
+    return ex
+
+
 def build(mod: tvm.IRModule, target="native", params: dict | None = None, algorithm="auto", threads=None,
           fuse: bool = True, report: list | None = None, autotune: bool = False, keys: list | None = None):
     """optimize, then tvm.compile for the target: an executable for relax.VirtualMachine. With
@@ -233,7 +255,11 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
     with the same graph, weights and options is loaded from it instead (a runtime.Module,
     which relax.VirtualMachine takes the same way); `report` then gets the first build's.
     autotune: optimize's (each conv layer's plans timed on this host first). keys: a list that
-    receives the cache key the model is kept under (nothing with the cache off)."""
+    receives the cache key the model is kept under (nothing with the cache off).
+    Where the pass, or the build of its output, fails on a model TVM's own build takes, the
+    result is TVM's own build, with a warning and the reason in `report` (one entry, op
+    "model"; not cached); where TVM's own build fails too, the pass's error is raised. Wrong
+    options are refused first (ValueError), never built around."""
     mod = _bound(mod, params)
     llvm = llvm_target(target, is_quantized(mod))
     key = functools.partial(cache.key, "model", tvm_ffi.structural_hash(mod), str(llvm), str(resolve(target).name),
@@ -249,7 +275,14 @@ def build(mod: tvm.IRModule, target="native", params: dict | None = None, algori
             keys.append(k)
         return lib
     ops: list = []
-    ex = compile_model(optimize(mod, target, None, algorithm, threads, fuse, ops, autotune=autotune), llvm)
+    run = optimize_pass(target, algorithm, threads, fuse, ops, autotune=autotune)  # refuses wrong options first
+    try:
+        ex = compile_model(run(mod), llvm)
+    except Exception as err:  # noqa: BLE001 - _tvms_own re-raises it unless TVM builds the model; never silent
+        ex = _tvms_own(mod, llvm, err)
+        ops[:] = [{"op": "model", "runs_on": "tvm", "reason": f"our pass's output failed to build ({_said(err)}): "
+                   "the model is TVM's own build"}]
+        k = None  # not cached: the next build tries ours again (the failure may be transient)
     if report is not None:
         report += ops
     if k and autotune:  # under the measurements it was built with, which autotune may have added to

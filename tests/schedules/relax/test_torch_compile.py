@@ -313,8 +313,9 @@ def test_dynamic_true_compiles_for_each_concrete_shape():
 def test_options_reach_optimize_and_size_the_run(monkeypatch):
     seen, pools = [], []
     real = tc.build
-    monkeypatch.setattr(tc, "build", lambda mod, target, **kw: seen.append((target, kw)) or real(mod, target, **kw))
-    monkeypatch.setattr(tc, "set_threads", lambda n: pools.append(n))
+    monkeypatch.setattr(tc.graph, "build", lambda mod, target, **kw: seen.append((target, kw)) or real(mod, target,
+                                                                                                     **kw))
+    monkeypatch.setattr(tc.graph, "set_threads", lambda n: pools.append(n))
     model = randomized(Residual())
     x = image()
     with torch.no_grad():

@@ -103,6 +103,11 @@ def key(kind: str, *parts) -> str:
     return f"{kind}-{h.hexdigest()[:40]}"
 
 
+def is_key(value, kind: str) -> bool:
+    """Whether `value` is a key of `kind` as key() makes them (an entry naming another entry)."""
+    return isinstance(value, str) and re.fullmatch(rf"{re.escape(kind)}-[0-9a-f]{{40}}", value) is not None
+
+
 def _warn_once(what: str, message: str, *args) -> None:
     if what not in _WARNED:
         _WARNED.add(what)

@@ -253,8 +253,8 @@ class _Graph:
                          sorted((k, str(v)) for k, v in self.opts.items()), torch.__version__)
 
     def _cached(self, gkey: str, report: list) -> _Compiled | None:
-        model = cache.get(gkey)
-        hit = cache.load_library(model) if isinstance(model, str) else None
+        model = cache.get(gkey, valid=lambda v: cache.is_key(v, "model"))
+        hit = cache.load_library(model) if model is not None else None
         if hit is None:
             return None
         lib, meta = hit

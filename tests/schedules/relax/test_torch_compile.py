@@ -494,3 +494,35 @@ def test_a_compiled_graph_is_loaded_from_the_cache_by_a_new_process(tmp_path):
     assert run(1, 12, 1) == "miss"  # other weights
     assert run(0, 10, 1) == "miss"  # another shape
     assert run(0, 12, 2) == "miss"  # another option
+
+
+def test_a_graph_entry_that_names_no_model_is_rebuilt(tmp_path):
+    """A graph's cache entry, sealed with the user's own key under its own name but holding no
+    model's key (text, a number, a key of another kind, another graph's whole payload, which
+    names its own key): the next process compiles again and matches eager, never raises."""
+    import os
+
+    from schedules.common import cache, private
+
+    root = tmp_path / "cache"
+    env = {**os.environ, "TVM_MICROKERNELS_CACHE": str(root)}
+
+    def run(seed):
+        done = subprocess.run([sys.executable, "-c", _CACHED_GRAPH, str(seed), "12", "1", str(tmp_path / "log")],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.split()[-1]
+
+    assert run(0) == "miss"
+    mine, = (root / "graph").rglob("graph-*.pkl")
+    assert run(1) == "miss"
+    other, = set((root / "graph").rglob("graph-*.pkl")) - {mine}
+    with private.Folder.root(root) as folder:
+        secret = cache._secret(folder)
+    good, k = mine.read_bytes(), mine.stem
+    payload = other.read_bytes()[len(cache._MAGIC) + 32:]
+    for blob in [cache._sealed(secret, k, v) for v in ("text", 3, cache.key("schedule", "x"))] + [
+            cache._MAGIC + cache._mac(secret, k, payload) + payload]:
+        mine.write_bytes(blob)
+        assert run(0) == "miss" and run(1) == "hit"  # the answer checked against eager in the run
+        mine.write_bytes(good)

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from ...common.targets import set_threads, thread_count
 from ..pipeline import build, llvm_target, optimize_pass
-from .graph import MAX_SHAPES, REFREEZES, _Compiled, _Graph, _imported
+from .graph import MAX_SHAPES, REFREEZES, Compiled, Graph, imported
 from .report import LOG, Fallback, clear_reports, last_report, reports, virtual_machine
 from .values import ALIGN, aligned_copy
 
@@ -77,7 +77,7 @@ def backend(gm, example_inputs, options: dict | None = None, mode: str | None = 
     where the graph cannot run there (the module doc). Options are checked first: a wrong
     option name or value raises, it does not fall back."""
     opts = checked_options(options, mode)
-    graph = _Graph(gm, list(example_inputs), opts)
+    graph = Graph(gm, list(example_inputs), opts)
     return graph.entry()
 
 

@@ -32,7 +32,7 @@ _TRAINING_MODULES = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchN
                      torch.nn.FeatureAlphaDropout)
 
 
-class _Compiled:
+class Compiled:
     """One graph compiled for one input-shape signature: its executable, shared, and a VM per
     calling thread (a VM's registers and frames are its own state: two threads on one VM
     crashed, "Check failed: reg < frame->register_file.size()"), made on a thread's first call."""
@@ -57,7 +57,7 @@ class _Compiled:
         return fn(*args)
 
 
-class _Graph:
+class Graph:
     """A graph dynamo captured, and its compiled modules (one per shape signature)."""
 
     def __init__(self, gm, example_inputs: list, opts: dict):
@@ -162,7 +162,7 @@ class _Graph:
         return tuple(tuple(args[i].shape) if k == "tensor" else int(args[i]) if k == "size" else
                      (str(args[i].dtype), args[i].item()) for i, k in enumerate(self.kinds) if k != "static")
 
-    def _compile(self, key: tuple, args) -> _Compiled:
+    def _compile(self, key: tuple, args) -> Compiled:
         """Export, import, optimize, compile; Fallback on any failure, or when nothing would
         run on our kernels."""
         start = time.perf_counter()
@@ -198,7 +198,7 @@ class _Graph:
         return {"graph": self.name, "inputs": [tuple(args[i].shape) for i in self.tensors],
                 "frozen": len(self.static), "runs_on": "eager", "reason": reason, "ops": [], "seconds": 0.0}
 
-    def _build(self, args, report: list) -> _Compiled:
+    def _build(self, args, report: list) -> Compiled:
         from tvm.relax.frontend.torch import from_exported_program
 
         # A graph compiled before, by any process, with the same code, inputs, frozen values and
@@ -220,7 +220,7 @@ class _Graph:
             wrong = wrongly_imported(ep)
             if wrong:
                 raise Fallback(wrong)
-            mod = _imported(ep) if functionalize(ep) else None
+            mod = imported(ep) if functionalize(ep) else None
             if mod is None:
                 ep = ep.run_decompositions()
                 sig = ep.graph_signature
@@ -236,7 +236,7 @@ class _Graph:
             raise Fallback("nothing in it runs on our kernels")
         if gkey and keys:  # the graph's entry names the model's (autotune: under its new measurements)
             cache.put(self._graph_key(args) if self.opts["autotune"] else gkey, keys[0])
-        return _Compiled(ex)
+        return Compiled(ex)
 
     def _graph_key(self, args) -> str:
         """The compile cache's key of this graph at these inputs: its code (dynamo writes the
@@ -252,7 +252,7 @@ class _Graph:
         return cache.key("graph", self.gm.code, tuple(self.kinds), self._key(args), inputs, h.hexdigest(),
                          sorted((k, str(v)) for k, v in self.opts.items()), torch.__version__)
 
-    def _cached(self, gkey: str, report: list) -> _Compiled | None:
+    def _cached(self, gkey: str, report: list) -> Compiled | None:
         model = cache.get(gkey, valid=lambda v: cache.is_key(v, "model"))
         hit = cache.load_library(model) if model is not None else None
         if hit is None:
@@ -260,7 +260,7 @@ class _Graph:
         lib, meta = hit
         LOG.info("%s loaded from the compile cache (%s)", self.name, model)
         report += meta["report"]
-        return _Compiled(lib)
+        return Compiled(lib)
 
     def _tell_unwatched(self) -> None:
         """A WARNING, once per graph, when frozen tensors are compared with a copy on each call."""
@@ -299,7 +299,7 @@ class _Graph:
             out[k] = out[k].clone()
         return self._structured(out, args)
 
-    def _compiled_for(self, args) -> _Compiled | None:
+    def _compiled_for(self, args) -> Compiled | None:
         """The module for these inputs: compiled now for a new shape, or again after the frozen
         weights changed; None where the graph or this shape runs eagerly."""
         if self.eager is not None:  # another thread fell back while this one waited for the lock
@@ -349,7 +349,7 @@ class _Graph:
             LOG.log(level, message, self.name)
 
 
-def _imported(ep):
+def imported(ep):
     """TVM's import of `ep` as exported (no decomposition), or None where the importer takes one
     of its ops only decomposed (its table names most ops at both levels)."""
     from tvm.relax.frontend.torch import from_exported_program

@@ -178,7 +178,7 @@ def test_an_op_the_importer_takes_only_decomposed_falls_back_to_the_decompositio
     model = Lambda(lambda s, x: F.layer_norm(x, (6, 6), eps=1e-3))
     x = torch.randn(1, 8, 6, 6)
     ep = _export(model, x)
-    assert functional.functionalize(ep) and torch_compile._imported(ep) is None
+    assert functional.functionalize(ep) and torch_compile.imported(ep) is None
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(model.eval(), backend="microkernels")(x)

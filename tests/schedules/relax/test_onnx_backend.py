@@ -69,7 +69,7 @@ def _out_of_scope(name: str) -> str | None:
     return next((why for pattern, why in OUT_OF_SCOPE.items() if re.fullmatch(pattern, name)), None)
 
 
-def _imported(case):
+def imported(case):
     """(the module TVM's importer makes of the case, its params: every input after the first)."""
     from tvm.relax.frontend import onnx as relax_onnx
 
@@ -114,7 +114,7 @@ def _said(got: list | None, want: list, off: list) -> list:
 def _tvm_own(case):
     """TVM's own build of the case: (its outputs, or None), (its error, or None)."""
     try:
-        mod, params = _imported(case)
+        mod, params = imported(case)
         bound = relax.transform.BindParams("main", params)(mod) if params else mod
         return _run(tvm.compile(bound, target=TARGET), case.data_sets[0][0][0]), None
     except Exception as e:  # noqa: BLE001 - any failure of TVM's own is what puts the case out of scope
@@ -123,7 +123,7 @@ def _tvm_own(case):
 
 
 def _ours(case, report: list) -> list:
-    mod, params = _imported(case)
+    mod, params = imported(case)
     return _run(mkrelax.build(mod, HOST, params=params or None, report=report), case.data_sets[0][0][0])
 
 

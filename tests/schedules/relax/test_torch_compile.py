@@ -393,7 +393,7 @@ def test_a_single_tensor_output_is_the_vms_own_memory():
     gm = torch.fx.symbolic_trace(model)
     x = image()
     fn = tc.backend(gm, [x])
-    assert isinstance(fn, tc._Graph)
+    assert isinstance(fn, tc.Graph)
     (compiled_module,) = fn.compiled.values()
     vm_ptrs, main = [], compiled_module.main
 

@@ -104,6 +104,14 @@ def _implementation(kern: GemmKernel):
     return impl
 
 
+def check_kernel(kern: GemmKernel) -> None:
+    """Raise TileError where no intrinsic of `kern` can be tensorized, whatever K (the kernel's
+    own construction has checked that its ISA holds the tile)."""
+    if kern.mr < 2:
+        raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
+                        "loops, so an MR = 1 block can never match the description)")
+
+
 @functools.lru_cache(maxsize=None)
 def register(kern: GemmKernel, k: int) -> str:
     """Register (once) the intrinsic of `kern` with reduction length `k`; return its name."""
@@ -111,9 +119,7 @@ def register(kern: GemmKernel, k: int) -> str:
     if k * max(kern.mr, kern.nr) > MAX_ELEMENTS:
         raise TileError(f"K={k} makes a {kern.mr}x{k} or {k}x{kern.nr} operand too large for TIR's int32 "
                         f"index arithmetic (at most {MAX_ELEMENTS} elements)")
-    if kern.mr < 2:
-        raise TileError(f"MR must be >= 2 for an intrinsic, got {kern.mr} (TIR drops unit-extent "
-                        "loops, so an MR = 1 block can never match the description)")
+    check_kernel(kern)
     return registry.register(intrin_name(kern, k), _with_k(_descriptions(kern.mr, kern.nr, kern.accumulate), k),
                              _with_k(_implementation(kern), k))
 

@@ -104,8 +104,11 @@ TAIL_SLOWDOWN = 2.0
 
 def rates(isa: Isa) -> tuple[tuple, float, str]:
     """(tiles as (MR, NR, share of peak), pack cost in FLOPs per lane, their source): this
-    host's measurements where `tune` made them (common/tuned.py), else the shipped ones."""
-    tiles, pack = tuned.matmul_tiles(isa.name), tuned.pack_flops_per_lane(isa.name)
+    host's measurements where `tune` made them (common/tuned.py), else the shipped ones. A
+    measured tile the GEMM kernel or its intrinsic refuses (a hand-edited file) sets the
+    measured tiles aside, with a warning."""
+    tiles = tuned.matmul_tiles(isa.name, check=lambda mr, nr: intrinsics.check_kernel(GemmKernel(isa, mr, nr)))
+    pack = tuned.pack_flops_per_lane(isa.name)
     if tiles is None and pack is None:
         return MATMUL_TILES[isa.name], PACK_FLOPS_PER_LANE, "defaults"
     return tiles or MATMUL_TILES[isa.name], pack or PACK_FLOPS_PER_LANE, tuned.source()

@@ -5,7 +5,9 @@ The file: $TVM_MICROKERNELS_TUNE (a path; "off" ignores any), else tuned.json in
 cache's folder ($XDG_CACHE_HOME/tvm-microkernels or ~/.cache/tvm-microkernels). Its "host"
 entry names the machine it was measured on: CPU model, a digest of its feature flags, core
 count and this project's version. A file for another host or version, or one that does not
-parse, is ignored with one warning, and the planners use their defaults.
+parse, is ignored with one warning, and the planners use their defaults. An entry that holds a
+plan the operator cannot take (a hand-edited matmul tile or layer choice; the operator's own
+tile checks decide) is ignored with a warning, and that planner uses its rules.
 
 What the planners take from it (each falls back on its constant where the file lacks it):
 - "matmul_tiles": {isa: [[MR, NR, share of the FMA peak], ...]}, the L1-resident tile rates
@@ -35,6 +37,7 @@ import logging
 import os
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 from microkernels.isa import host_cpu_flags, host_cpuinfo
 
@@ -186,11 +189,34 @@ def source() -> str:
     return f"tuned ({path()})"
 
 
-def matmul_tiles(isa_name: str) -> tuple | None:
-    """((MR, NR, share), ...) measured for the ISA, or None."""
+def matmul_tiles(isa_name: str, check: Callable[[int, int], object] | None = None) -> tuple | None:
+    """((MR, NR, share), ...) measured for the ISA, or None. check(MR, NR): the operator's own
+    test of a tile (schedules.matmul builds its kernel), raising ValueError where it cannot take
+    it; one such tile (a hand-edited file) sets the ISA's whole list aside, with one warning,
+    and the planner weighs the shipped tiles instead."""
     data = current() or {}
     tiles = (data.get("matmul_tiles") or {}).get(isa_name)
-    return tuple((int(mr), int(nr), float(share)) for mr, nr, share in tiles) if tiles else None
+    if not tiles:
+        return None
+    tiles = tuple((int(mr), int(nr), float(share)) for mr, nr, share in tiles)
+    for mr, nr, _ in tiles if check else ():
+        try:
+            check(mr, nr)
+        except ValueError as e:
+            _warn_once(f"ignoring the measured matmul_tiles[{isa_name!r}] in {path()}: the {mr}x{nr} tile cannot "
+                       f"run ({e}); using the shipped tiles instead")
+            return None
+    return tiles
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A warning about the file, once per process: the planners read the file on every plan."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        LOG.warning("%s", message)
 
 
 def pack_flops_per_lane(isa_name: str) -> float | None:

@@ -120,6 +120,8 @@ class Variant:
             raise ValueError(f"{self} does not fit the layer's {g.out_hw[0]} output rows")
         if self.blocks == 2 and not two_blocks_fit(g, isa, self.mr):
             raise ValueError(f"{self}: this layer's tiles cannot span two output blocks")
+        for t in {t for _, _, t in segments(g.out_hw[1], self.mr)}:
+            kernel(g, isa, t, self.blocks)  # the tile the build would make: TileError where the ISA cannot hold it
 
 
 def planned(g: Geometry, isa: Isa, mr: int, blocking: ConvBlocking, threads: int) -> Variant:
@@ -193,6 +195,13 @@ def chunk_blocks(g: Geometry, blocks: int, vh: int, l1_bytes: int) -> int:
     return largest_divisor(g.nb, lambda d: d * per_block <= l1_bytes // 2) or 1
 
 
+def kernel(g: Geometry, isa: Isa, t: int, blocks: int, **kw) -> GemmKernel:
+    """The batch-reduce kernel of a segment whose tiles are t pixels wide on `blocks` output
+    blocks (kw: the phase's accumulate, epilogue, prefetch); TileError where the ISA's
+    registers cannot hold it."""
+    return GemmKernel(isa, t, g.block * blocks, batch_reduce=True, col_block=g.block if blocks > 1 else 0, **kw)
+
+
 def _tile(g: Geometry, isa: Isa, t: int, phase: ChunkPhase, blocks: int, post: PostOps) -> ConvTile | None:
     """The tensorized tile of a segment whose tiles are t pixels wide (t = 1 only where the row
     is one pixel wide: a conv on a 1x1 map, squeeze-and-excitation's FCs, runs as a GEMV on
@@ -200,8 +209,7 @@ def _tile(g: Geometry, isa: Isa, t: int, phase: ChunkPhase, blocks: int, post: P
     plain TIR."""
     if not reduce_axes(phase.nb, g.kh, g.kw, g.bi):
         return None
-    kern = GemmKernel(isa, t, g.block * blocks, accumulate=not phase.init, batch_reduce=True,
-                      epilogue=phase.epilogue, col_block=g.block if blocks > 1 else 0, prefetch=phase.prefetch)
+    kern = kernel(g, isa, t, blocks, accumulate=not phase.init, epilogue=phase.epilogue, prefetch=phase.prefetch)
     return ConvTile(kern, phase.nb, g.kh, g.kw, g.bi, g.stride[1], *g.dilation, post.clip)
 
 

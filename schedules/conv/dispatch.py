@@ -339,7 +339,8 @@ def _measured_choice(conv: ConvParams, g: Geometry, isa, pool: int, post_ops: Po
             _variant(choice).check(_direct_geometry(g), isa)
         label = choice_label(choice)
     except (TypeError, ValueError) as e:
-        LOG.warning("ignoring the measured plan %r of %s: %s", choice, layer_key(conv), e)
+        LOG.warning("ignoring the measured plan %r of %s, %d thread(s), from %s: %s; using the rules' plan instead",
+                    choice, layer_key(conv), pool, entry["source"], e)
         return None
     listed = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in sorted(seconds.items(), key=lambda kv: kv[1]))
     return choice, f"{label}: fastest of this layer's plans timed on this host, {pool} thread(s) ({listed})", \

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import schedules
+import microkernels as MICROKERNELS
 from microkernels import ISAS
 from schedules.common import cache, tuned
 from schedules.conv import winograd
@@ -194,3 +195,21 @@ def test_ignored_plans_from_the_defaults_and_forgets_what_autotune_timed_inside(
         assert not json.loads(where.read_text())["layers"]
     assert tuned.layer(ISA, "a layer", 1) is None and tuned.fingerprint() == outside
     assert winograd.choose(g, ISA)[::2] == (2, f"tuned ({where})")
+
+
+@pytest.mark.parametrize("tile", [[99, 16], [6, 17], [1, 8]], ids=["too-tall", "nr-off-the-lanes", "one-row"])
+def test_matmul_tiles_the_operator_cannot_take_are_ignored_with_a_warning(table, caplog, tile):
+    """A file naming this host whose matmul_tiles hold a tile no x86 ISA's GEMM intrinsic takes
+    (99 rows: more accumulators than any register file; NR = 17: not whole vectors of 8 or 16
+    lanes; MR = 1: TIR drops the unit row loop, so no intrinsic matches, and on AVX-512 NR = 8 is
+    half a vector): the shipped tiles are used, the matmul computes, and a warning names the
+    entry, the tile and why. These raised TileError from schedules.matmul instead."""
+    where = table(matmul_tiles={ISA: [[*tile, 1.0]]})
+    with caplog.at_level(logging.WARNING, logger="tvm_microkernels.tuned"):
+        op = schedules.matmul(99, 64, 32, target=HOST)
+        assert MATMUL.rates(ISAS[ISA])[0] == MICROKERNELS.MATMUL_TILES[ISA]
+    assert f"matmul_tiles[{ISA!r}]" in caplog.text and f"{tile[0]}x{tile[1]}" in caplog.text, caplog.text
+    assert str(where) in caplog.text and "shipped tiles" in caplog.text, caplog.text
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((99, 32), np.float32), rng.standard_normal((32, 64), np.float32)
+    np.testing.assert_allclose(op(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)

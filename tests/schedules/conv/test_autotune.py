@@ -218,3 +218,33 @@ def test_time_candidates_drops_the_slow_ones_after_the_first_rounds(monkeypatch)
     seconds = autotune.time_candidates(ops, budget=100.0)
     assert seconds == pytest.approx({"a": 1.0, "b": 1.1, "c": 10.0})
     assert counts["c"] == 1 + autotune.ROUNDS_MIN and counts["a"] > counts["c"] and counts["b"] == counts["a"]
+
+
+# The shortest one-block (16-channel) direct tile each ISA's registers cannot hold: AVX2's 16 ymm
+# registers take 7*2 accumulators + 2 B vectors + a broadcast = 17; AVX-512's 32 zmm registers,
+# with the broadcast folded into the FMA, take 32 accumulators + 1 B vector = 33.
+TOO_TALL = {"avx2": 7, "avx512": 32}
+
+
+@pytest.mark.parametrize("mr", [TOO_TALL[ISA.name], 100, 10**30], ids=["first-too-tall", "100", "1e30"])
+def test_a_measured_tile_the_registers_cannot_hold_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog, rng, mr):
+    """A tuned.json naming this host whose direct choice for the layer has a tile MR this ISA
+    cannot hold (the first too tall for its registers, 100, 10**30; on a 56-wide map, so every
+    row's tiles are at least that tall or 56 wide, which no x86 ISA holds either): the op is
+    built on the rules' plan, computes the layer, and a warning names the entry and the value.
+    Such a file raised TileError from the build instead."""
+    layer = dict(data_shape=(1, 16, 56, 56), weight_shape=(16, 16, 3, 3), padding=1)
+    conv = params(**layer)
+    where = tmp_path / "tuned.json"
+    monkeypatch.setenv(tuned.ENV, str(where))
+    choice = {"algorithm": "direct", "mr": mr, "blocks": 1, "band_rows": 56, "band_parallel": False}
+    tuned.save({"layers": [{"isa": ISA.name, "layer": dispatch.layer_key(conv), "threads": 1, "choice": choice,
+                            "seconds": {"direct": 1e-3}}]})
+    with caplog.at_level(logging.WARNING, logger="tvm_microkernels.autotune"):
+        op = schedules.conv2d(**layer, threads=1)
+    assert op.plan.source == "defaults", op.plan
+    assert "ignoring the measured plan" in caplog.text and f"'mr': {mr}" in caplog.text, caplog.text
+    assert "registers" in caplog.text and "rules' plan" in caplog.text, caplog.text
+    x = rng.standard_normal(conv.data_shape, np.float32)
+    w = rng.standard_normal(conv.weight_shape, np.float32)
+    np.testing.assert_allclose(op(x, w), ref_conv2d(x, w, padding=1), rtol=1e-4, atol=1e-3)

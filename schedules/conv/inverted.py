@@ -67,8 +67,9 @@ class InvertedPlan(Plan):
     halo_rows: int  # P rows a band takes over from the previous one instead of recomputing
     mr: int  # the expand tile's pixels
     segments: list  # (first column, tiles, MR) runs of expand tiles covering one input row
-    expand_kernel: str | None  # the tile kernel's name (None: a one-pixel row, plain TIR)
-    dw_kernel: str | None  # the row kernel's name (None: a one-pixel output row, plain TIR)
+    expand_kernel: str | None  # the tile kernel's name (MR 1 on a one-pixel input row: a GEMV)
+    dw_kernel: str | None  # the row kernel's name (None: a one-pixel output row, plain TIR, as the depthwise
+    # family leaves it: a block with taps to reduce is not one vectorize takes)
 
 
 @dataclass(frozen=True)
@@ -265,9 +266,9 @@ def render(lay: Layer, isa: Isa, mr: int, vh: int) -> tuple[list[str], list[tupl
         a_ref = f"D[vn, {q}, vyb * {step} + vr - {top} + 0 * 1, ({vx}) * 1 + 0 * 1, {i}]"
         L += element_body(f"P[vr, {left} + {vx}, vj]", a_ref, f"We[vo, {q}, 0, 0, {i}, vj]", axes, body + "        ",
                           "Be[vo, vj]" if ep_e.bias else None, None, ep_e.act, lay.expand_post.clip)
-        if t >= 2:
-            kern = GemmKernel(isa, t, BLOCK, accumulate=False, batch_reduce=True, epilogue=ep_e)
-            tensorized.append((name, ConvTile(kern, lay.cb, 1, 1, BLOCK, 1, 1, 1, lay.expand_post.clip)))
+        # A one-pixel row (t = 1: a 1-wide map) runs as the direct conv's does, a GEMV on the 1-row tile.
+        kern = GemmKernel(isa, t, BLOCK, accumulate=False, batch_reduce=True, epilogue=ep_e)
+        tensorized.append((name, ConvTile(kern, lay.cb, 1, 1, BLOCK, 1, 1, 1, lay.expand_post.clip)))
     # Zero padding left and right of the interior, and whole rows above and below the image.
     for name, lo, n in (("zero_left", 0, left), ("zero_right", left + cols, pw - left - cols)):
         if n:
@@ -313,16 +314,16 @@ def schedule(lay: Layer, isa: Isa, blocking: ConvBlocking = DEFAULT_BLOCKING) ->
     sch = s_tir.Schedule(parse(lines))
     for name, tile in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
-        # The tile's (m, j) loops; the depthwise row's (x, l).
-        sch.tensorize(loops[-2], register_conv(tile) if isinstance(tile, ConvTile) else register_dw(tile))
+        if isinstance(tile, ConvTile):  # the tile's ([m,] j) loops: no m on a one-pixel row
+            sch.tensorize(loops[-len(tile.free_loops())], register_conv(tile))
+        else:  # the depthwise row's (x, l)
+            sch.tensorize(loops[-2], register_dw(tile))
     # Not "halo": a block that reads the buffer it writes is not one vectorize accepts; LLVM
     # vectorizes that copy of whole contiguous rows by itself.
     names = {"zero_left", "zero_right", "zero_row"}
     for blk in sch.get_child_blocks(sch.get_sblock("image")):
         if sch.get(blk).name_hint in names:
             sch.vectorize(sch.get_loops(blk)[-1])
-    if lay.dw.out_hw[1] < 2:
-        sch.vectorize(sch.get_loops(sch.get_sblock("dw"))[-1])
     ph = lay.band_shape(vh)[0]
     halo = ph - vh * lay.dw.stride[0] if lay.dw.out_hw[0] > vh else 0
     conv_tiles = [t for _, t in tiles if isinstance(t, ConvTile)]

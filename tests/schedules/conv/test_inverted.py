@@ -53,24 +53,29 @@ def test_block_matches_the_reference(isa):
     @settings(max_examples=max(6, settings.default.max_examples // 5), deadline=None)
     @given(blocks(), st.sampled_from([None, 1, 2]), st.integers(0, 2**32 - 1))
     def check(b, threads, seed):
-        op = _build(b, threads=threads, **on(isa))
-        x, we, wd, be, bd = _inputs(b, seed)
-        ep, dp = b["expand_post"], b["dw_post"]
-        got = op(x, we, wd, be if ep.bias else None, bd if dp.bias else None)
-        dw = {"stride": b["stride"], "padding": b["k"] // 2, "groups": b["e"]}
-        y = _post(ref_conv2d(x, we), be, ep)
-        want = _post(ref_conv2d(y, wd, **dw), bd, dp)
-        # The expand: C products and the bias, one rounding each; its error then passes through
-        # the depthwise (|wd| times it; the activations are 1-Lipschitz), which adds K*K + 2
-        # roundings of its own.
-        tol_y = (b["c"] + 2) * EPS * (ref_conv2d(np.abs(x), np.abs(we)) + (np.abs(be)[None, :, None, None] if ep.bias else 0))
-        mag = ref_conv2d(np.abs(y) + tol_y, np.abs(wd), **dw) + (np.abs(bd)[None, :, None, None] if dp.bias else 0)
-        tol = ref_conv2d(tol_y, np.abs(wd), **dw) + (b["k"] ** 2 + 2) * EPS * mag + np.finfo(np.float32).tiny
-        assert got.shape == want.shape
-        err = np.abs(got - want)
-        assert (err <= tol).all(), f"worst error {err.max():.3g}, plan {op.plan}"
+        _assert_matches_the_reference(_build(b, threads=threads, **on(isa)), b, seed)
 
     check()
+
+
+def _assert_matches_the_reference(op, b, seed):
+    """The block's output against the float64 reference, within its rounding bound."""
+    x, we, wd, be, bd = _inputs(b, seed)
+    ep, dp = b["expand_post"], b["dw_post"]
+    got = op(x, we, wd, be if ep.bias else None, bd if dp.bias else None)
+    dw = {"stride": b["stride"], "padding": b["k"] // 2, "groups": b["e"]}
+    y = _post(ref_conv2d(x, we), be, ep)
+    want = _post(ref_conv2d(y, wd, **dw), bd, dp)
+    # The expand: C products and the bias, one rounding each; its error then passes through
+    # the depthwise (|wd| times it; the activations are 1-Lipschitz), which adds K*K + 2
+    # roundings of its own.
+    tol_y = (b["c"] + 2) * EPS * (ref_conv2d(np.abs(x), np.abs(we))
+                                  + (np.abs(be)[None, :, None, None] if ep.bias else 0))
+    mag = ref_conv2d(np.abs(y) + tol_y, np.abs(wd), **dw) + (np.abs(bd)[None, :, None, None] if dp.bias else 0)
+    tol = ref_conv2d(tol_y, np.abs(wd), **dw) + (b["k"] ** 2 + 2) * EPS * mag + np.finfo(np.float32).tiny
+    assert got.shape == want.shape
+    err = np.abs(got - want)
+    assert (err <= tol).all(), f"worst error {err.max():.3g}, plan {op.plan}"
 
 
 @settings(max_examples=max(6, settings.default.max_examples // 5), deadline=None)
@@ -79,9 +84,29 @@ def test_block_equals_the_unfused_pair_bit_for_bit(b, seed):
     """The same kernels, each output's reduction in the same order: the expand conv2d (direct,
     1x1) then the depthwise conv2d, both blocked, give exactly the fused block's output, the
     padding lanes of the last block included."""
+    _assert_equals_the_unfused_pair(_build(b, target=HOST), b, seed)
+
+
+@pytest.mark.parametrize("h, w", [(1, 1), (2, 2), (1, 3), (3, 1)])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_tiny_maps(h, w, stride):
+    """The maps at the end of small networks and in SE-like blocks: 1x1, 2x2, 1x3 and 3x1, stride
+    1 and 2 (every output row one or two pixels wide, or one row tall; a one-pixel input row's
+    expand is the direct conv's 1-row tile). Against the float64 reference and, bit for bit, the
+    unfused pair. One-pixel output rows raised ScheduleError ('vectorize') when built."""
+    post = PostOps(bias=True, activation="clip")
+    b = {"n": 1, "c": 24, "e": 48, "h": h, "w": w, "k": 3, "stride": stride, "expand_post": post, "dw_post": post,
+         "blocking": ConvBlocking()}
+    op = _build(b, target=HOST)
+    assert op.plan.expand_kernel.startswith(f"mk_f32_brgemm_{min(w, op.plan.mr)}x16"), op.plan
+    assert (op.plan.dw_kernel is None) == (op.blocked_out_shape[3] == 1), op.plan
+    _assert_matches_the_reference(op, b, 7)
+    _assert_equals_the_unfused_pair(op, b, 7)
+
+
+def _assert_equals_the_unfused_pair(op, b, seed):
     ep, dp = b["expand_post"], b["dw_post"]
     n, c, e, h, w, k = (b[key] for key in ("n", "c", "e", "h", "w", "k"))
-    op = _build(b, target=HOST)
     expand = schedules.conv2d((n, c, h, w), (e, c, 1, 1), target=HOST, algorithm="direct", bias=ep.bias,
                               activation=ep.activation, clip=ep.clip)
     depthwise = schedules.conv2d((n, e, h, w), (e, 1, k, k), stride=b["stride"], padding=k // 2, groups=e,

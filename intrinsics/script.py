@@ -20,6 +20,8 @@ import types
 from tvm.script import parser
 from tvm.script import tirx as T
 
+from . import interrupts
+
 CHECK_WELL_FORMED = False
 
 
@@ -35,5 +37,7 @@ _T.prim_func = lambda **_: _TirToken
 
 def parse(text: str, **names):
     """The PrimFunc of TVMScript `text` written with `T` (tvm.script.tirx); `names` are the
-    other Python values it refers to."""
-    return parser.parse(text, extra_vars={"T": _T, **names}, check_well_formed=CHECK_WELL_FORMED)
+    other Python values it refers to. A Ctrl-C meanwhile is raised once TVM has parsed (its
+    parser would drop it: interrupts.py)."""
+    with interrupts.deferred():
+        return parser.parse(text, extra_vars={"T": _T, **names}, check_well_formed=CHECK_WELL_FORMED)

@@ -10,6 +10,8 @@ import pytest
 
 from schedules.common import parallel
 
+from ...interrupting import interrupt_once_forked
+
 
 def _item(i):
     time.sleep(0.02)  # long enough that the child takes its share before the parent drains the queue
@@ -66,3 +68,25 @@ def test_a_bad_jobs_setting_is_refused(monkeypatch, raw):
     monkeypatch.setenv(parallel.ENV_JOBS, raw)
     with pytest.raises(ValueError, match=parallel.ENV_JOBS):
         parallel.jobs()
+
+
+_SLOW_ITEMS = """
+import time
+import tvm_ffi
+from schedules.common import parallel
+sleep = tvm_ffi.convert(lambda: time.sleep(0.05))  # the work calls Python through TVM, as scheduling does
+parallel.run([lambda: (sleep(), 1)[1] for _ in range(400)], processes=2)
+"""
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["the-process", "its-group"])
+def test_an_interrupt_ends_the_run_and_its_workers_at_once(group):
+    """SIGINT to a process sharing 10 s of work with a forked worker: it ends within 3 s (its
+    interpreter's exit included) with KeyboardInterrupt, and the worker is gone. The run took
+    the RuntimeError TVM's FFI made of the interrupt for a failed item and finished the queue
+    (a KeyboardInterrupt it did see waited for the worker to finish it). Sent to the process,
+    or to its whole group as a terminal's Ctrl-C is."""
+    ending = interrupt_once_forked(_SLOW_ITEMS, timeout=60, group=group)
+    assert ending.last_exception == "KeyboardInterrupt", ending.stderr
+    assert ending.seconds < 3.0, (ending.seconds, ending.stderr)
+    assert ending.left == [], ending.left

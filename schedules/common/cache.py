@@ -24,8 +24,8 @@ holding what its caller cannot take is deleted and rebuilt, never loaded.
 from __future__ import annotations
 
 import atexit
-import functools
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -35,9 +35,12 @@ import pickle
 import re
 import secrets
 import shutil
+import signal
 import stat
 import sys
 from pathlib import Path
+
+from intrinsics import interrupts
 
 from . import files, tuned
 from .private import Folder
@@ -305,15 +308,17 @@ def put_library(k: str, executable, meta: dict) -> None:
         _put_library(k, executable, meta)
         return
     _reap(block=False)
-    pid = os.fork()
-    if pid == 0:  # the child: export, then leave without running the parent's exit handlers
-        code = 1
-        try:
-            _put_library(k, executable, meta)
-            code = 0
-        finally:
-            os._exit(code)
-    _CHILDREN.append(pid)
+    with interrupts.deferred():  # an interrupt here would leave a child no one reaps
+        pid = os.fork()
+        if pid == 0:  # the child: export, then leave without running the parent's exit handlers
+            code = 1
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; the export completes
+                _put_library(k, executable, meta)
+                code = 0
+            finally:
+                os._exit(code)
+        _CHILDREN.append(pid)
 
 
 def wait() -> None:

@@ -212,3 +212,20 @@ def test_damage_that_still_unpickles_is_caught_by_the_digest(cache_dir):
     path.write_bytes(bytes(blob))
     cache.clear_memory()
     assert cache.get(k) is None and not path.exists()
+
+
+def test_ctrl_c_while_a_library_is_exported_leaves_a_whole_entry(cache_dir):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once the forked
+    exporter of a built model exists: the program ends in KeyboardInterrupt, the exporter (and
+    the linker it runs) ignore it and finish, the exit joins them, and the next process loads
+    the entry. Before, the exporter died with the program's interrupt and left no entry."""
+    from ...interrupting import interrupt_once_forked
+
+    script = textwrap.dedent(MODEL) + "\nimport time\ntime.sleep(120)\n"
+    ending = interrupt_once_forked(script, env={cache.ENV_DIR: str(cache_dir), "TVM_MICROKERNELS_JOBS": "1",
+                                                "PYTHONPATH": str(ROOT)}, group=True)
+    assert ending.last_exception == "KeyboardInterrupt", ending.stderr[-3000:]
+    assert ending.left == [], ending.left
+    assert len(entries(cache_dir, ".so")) == 1 and len(entries(cache_dir, ".meta")) == 1
+    again = _run(MODEL, cache_dir)
+    assert again.returncode == 0 and "model loaded from the compile cache" in again.stderr, again.stderr[-3000:]

@@ -13,9 +13,11 @@ function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies not
     so such a layer between blocked neighbours runs blocked with no transform at all, and a
     layer whose channels are not whole blocks (MobileNetV2's 24) hands its padded blocked
     output to the next of ours directly when the padding lanes hold zeros;
-  - anything else (other grouped convs whose groups are not whole 16-channel blocks,
-    non-float32, symbolic shapes, weights that are not constants on the NCHW path): TVM's
-    default lowering, in NCHW, so the model still builds.
+  - any other grouped conv (RegNetX's 24 channels per group, 12, 20, 16 in and 8 out, ...):
+    ours, direct, each group's inputs and outputs padded with zero channels to whole blocks,
+    between transforms of its own (reshape, pad, block; and back);
+  - anything else (non-float32, symbolic shapes, weights that are not constants on the NCHW
+    path): TVM's default lowering, in NCHW, so the model still builds.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from ..conv import (
     schedule,
     schedule_inverted,
 )
-from ..conv.geometry import block_diagonal, depthwise, lane_groups
+from ..conv.geometry import depthwise
+from ..conv.op import Conv2dOp
 from . import exprs
 
 LOG = logging.getLogger("tvm_microkernels.relax")
@@ -97,11 +100,8 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
         c, o = ds[1] * ds[4], ob * bo
         return _Conv(call, True, (ds[0], c, ds[2], ds[3]), (o, c // groups, kh, kw)), ""
     if len(ds) == 4 and _attrs_ok(a, False, block):
-        # Depthwise and narrow groups (in the lanes, or tiling a block block-diagonally) run on ours, blocked.
-        if groups != 1 and not (groups == ds[1] and ws[1] == 1) and not lane_groups(ds[1], ws[0], groups) \
-                and not block_diagonal(ds[1], ws[0], groups, block):
-            return None, (f"groups={groups} in NCHW ({ds[1] // groups} channels per group: neither whole "
-                          f"{block}-channel blocks nor a divisor of {block})")
+        # Depthwise and narrow groups (in the lanes, or tiling a block block-diagonally) run on ours,
+        # blocked; other groups (RegNetX's 24 channels) with each group padded to whole blocks.
         if exprs.const(weight) is None:
             return None, "NCHW conv2d whose weights are not constants (bind params)"
         return _Conv(call, False, ds, ws), ""
@@ -338,13 +338,18 @@ class _Swap(PyExprMutator):
         if s.plan.algorithm == "winograd" or not conv.blocked:
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
-        args = [data if conv.blocked else self._to_blocked(data, op.blocked_data_shape[-1], g.c)]
+        padded = not conv.blocked and _group_padded(s.cls, g)
+        if padded:
+            args = [self._to_group_blocked(data, g.groups, g.cg, g.nb, g.bi)]
+        else:
+            args = [data if conv.blocked else self._to_blocked(data, op.blocked_data_shape[-1], g.c)]
         args.append(weight)
         if conv.bias is not None:
             args.append(relax.const(op.pack_bias(conv.bias.astype(np.float32))))
         if conv.residual is not None:
             res = self.visit_expr(conv.residual)
-            args.append(res if conv.blocked else self._to_blocked(res, g.block, g.o))
+            args.append(res if conv.blocked else self._to_group_blocked(res, g.groups, g.og, g.ob, g.block) if padded
+                        else self._to_blocked(res, g.block, g.o))
         key = (g, s.post, s.plan.algorithm, s.plan.get("tile"))
         gv = self.funcs.get(key)
         if gv is None:
@@ -357,6 +362,8 @@ class _Swap(PyExprMutator):
               f"{'' if s.plan.source == 'defaults' else ', plan ' + s.plan.source}"
         self._log(conv.call, "ours", why, s.plan.algorithm, s.post)
         out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
+        if padded:
+            return self._from_group_blocked(out, g.groups, g.og, g.ob, g.block)
         return out if conv.blocked else self._unblocked(out, g.o, s.post, var)
 
     def _unblocked(self, out: relax.Call, channels: int, post: PostOps, var) -> relax.Expr:
@@ -409,6 +416,34 @@ class _Swap(PyExprMutator):
         pad = None if channels % block == 0 else 0.0
         return self.builder_.emit(relax.op.layout_transform(
             x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block), pad_value=pad))
+
+
+    def _to_group_blocked(self, x, groups: int, per: int, blocks: int, block: int):
+        """NCHW x, `groups` groups of `per` channels, as blocks: each group padded with zero channels
+        to `blocks` whole blocks of `block` (the layout a grouped conv's blocked data and output take
+        when its groups are not whole blocks: Geometry.data_shape / out_shape)."""
+        n, _, h, w = exprs.shape(x)
+        y = self.builder_.emit(relax.op.reshape(x, (n, groups, per, h, w)))
+        y = self.builder_.emit(relax.op.nn.pad(y, [0, 0, 0, 0, 0, blocks * block - per, 0, 0, 0, 0]))
+        y = self.builder_.emit(relax.op.reshape(y, (n, groups * blocks * block, h, w)))
+        return self.builder_.emit(relax.op.layout_transform(
+            y, index_map=lambda n_, c, h_, w_: (n_, c // block, h_, w_, c % block)))
+
+    def _from_group_blocked(self, y, groups: int, per: int, blocks: int, block: int):
+        """_to_group_blocked's layout back to NCHW: the padding channels dropped."""
+        y = self.builder_.emit(y)
+        n, _, h, w, _ = exprs.shape(y)
+        y = self.builder_.emit(relax.op.layout_transform(y, index_map=lambda n_, c, h_, w_, i: (n_, c * block + i, h_, w_)))
+        y = self.builder_.emit(relax.op.reshape(y, (n, groups, blocks * block, h, w)))
+        y = self.builder_.emit(relax.op.strided_slice(y, axes=[2], begin=[0], end=[per]))
+        return relax.op.reshape(y, (n, groups * per, h, w))
+
+
+def _group_padded(cls, g: Geometry) -> bool:
+    """A grouped conv on the direct family, whose blocked layouts pad each group to whole blocks
+    (Geometry's data and output shapes), where the depthwise family and the block-diagonal form
+    (grouped.py) take the plain blocked layout of all the channels."""
+    return g.groups > 1 and cls is Conv2dOp
 
 
 def _fusable_depthwise(dw: _Conv) -> bool:

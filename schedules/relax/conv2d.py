@@ -48,6 +48,7 @@ from ..conv import (
 from ..conv.geometry import depthwise
 from ..conv.op import Conv2dOp
 from . import exprs
+from .groups import copy_func, out_shape, regroup, ungroup
 
 LOG = logging.getLogger("tvm_microkernels.relax")
 
@@ -340,7 +341,7 @@ class _Swap(PyExprMutator):
             weight = relax.const(op.pack_weights(oihw))
         padded = not conv.blocked and _group_padded(s.cls, g)
         if padded:
-            args = [self._to_group_blocked(data, g.groups, g.cg, g.nb, g.bi)]
+            args = [self._to_group_blocked(data, g.groups, g.cg, g.nb, g.bi, g.c)]
         else:
             args = [data if conv.blocked else self._to_blocked(data, op.blocked_data_shape[-1], g.c)]
         args.append(weight)
@@ -348,7 +349,7 @@ class _Swap(PyExprMutator):
             args.append(relax.const(op.pack_bias(conv.bias.astype(np.float32))))
         if conv.residual is not None:
             res = self.visit_expr(conv.residual)
-            args.append(res if conv.blocked else self._to_group_blocked(res, g.groups, g.og, g.ob, g.block) if padded
+            args.append(res if conv.blocked else self._to_group_blocked(res, g.groups, g.og, g.ob, g.block, g.o) if padded
                         else self._to_blocked(res, g.block, g.o))
         key = (g, s.post, s.plan.algorithm, s.plan.get("tile"))
         gv = self.funcs.get(key)
@@ -363,7 +364,7 @@ class _Swap(PyExprMutator):
         self._log(conv.call, "ours", why, s.plan.algorithm, s.post)
         out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
         if padded:
-            return self._from_group_blocked(out, g.groups, g.og, g.ob, g.block)
+            return self._from_group_blocked(out, g.groups, g.og, g.ob, g.block, g.o, var)
         return out if conv.blocked else self._unblocked(out, g.o, s.post, var)
 
     def _unblocked(self, out: relax.Call, channels: int, post: PostOps, var) -> relax.Expr:
@@ -418,10 +419,14 @@ class _Swap(PyExprMutator):
             x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block), pad_value=pad))
 
 
-    def _to_group_blocked(self, x, groups: int, per: int, blocks: int, block: int):
+    def _to_group_blocked(self, x, groups: int, per: int, blocks: int, block: int, channels: int):
         """NCHW x, `groups` groups of `per` channels, as blocks: each group padded with zero channels
         to `blocks` whole blocks of `block` (the layout a grouped conv's blocked data and output take
-        when its groups are not whole blocks: Geometry.data_shape / out_shape)."""
+        when its groups are not whole blocks: Geometry.data_shape / out_shape). One pass from the
+        plain blocked tensor when a conv of ours made x (its padded lanes are never read)."""
+        made = self.blocked.get(x)
+        if made is not None and made[1:] == (block, channels):
+            return self._copy(regroup, made[0], groups, per, blocks)
         n, _, h, w = exprs.shape(x)
         y = self.builder_.emit(relax.op.reshape(x, (n, groups, per, h, w)))
         y = self.builder_.emit(relax.op.nn.pad(y, [0, 0, 0, 0, 0, blocks * block - per, 0, 0, 0, 0]))
@@ -429,14 +434,25 @@ class _Swap(PyExprMutator):
         return self.builder_.emit(relax.op.layout_transform(
             y, index_map=lambda n_, c, h_, w_: (n_, c // block, h_, w_, c % block)))
 
-    def _from_group_blocked(self, y, groups: int, per: int, blocks: int, block: int):
-        """_to_group_blocked's layout back to NCHW: the padding channels dropped."""
-        y = self.builder_.emit(y)
-        n, _, h, w, _ = exprs.shape(y)
-        y = self.builder_.emit(relax.op.layout_transform(y, index_map=lambda n_, c, h_, w_, i: (n_, c * block + i, h_, w_)))
-        y = self.builder_.emit(relax.op.reshape(y, (n, groups, blocks * block, h, w)))
-        y = self.builder_.emit(relax.op.strided_slice(y, axes=[2], begin=[0], end=[per]))
-        return relax.op.reshape(y, (n, groups * per, h, w))
+    def _copy(self, compute, x, *params):
+        """compute(x, *params) (regroup or ungroup) as a call of a PrimFunc of our own,
+        one per shape; returns the 5-d blocked tensor."""
+        key = (compute.__name__, tuple(exprs.shape(x)), params)
+        if key not in self.funcs:
+            name, func = copy_func(compute, exprs.shape(x), params)
+            self.funcs[key] = self.builder_.add_func(func, name)
+        shape = out_shape(compute, exprs.shape(x), params)
+        y = self.builder_.emit(relax.call_tir(self.funcs[key], [x], relax.TensorType(shape, "float32")))
+        return y if len(shape) == 5 else self.builder_.emit(relax.op.reshape(y, (*shape[:4], shape[4] * shape[5])))
+
+    def _from_group_blocked(self, y, groups: int, per: int, blocks: int, block: int, channels: int, var):
+        """_to_group_blocked's layout back: one pass to the plain blocked layout (padding lanes
+        zero), which the next conv of ours takes as it is, and the NCHW tensor `var` holds."""
+        plain = self._copy(ungroup, self.builder_.emit(y), groups, per, blocks, channels)
+        self.blocked[var] = (plain, block, channels)
+        nchw = self.builder_.emit(relax.op.layout_transform(
+            plain, index_map=lambda n_, c, h_, w_, i: (n_, c * block + i, h_, w_)))
+        return relax.op.strided_slice(nchw, axes=[1], begin=[0], end=[channels]) if channels % block else nchw
 
 
 def _group_padded(cls, g: Geometry) -> bool:

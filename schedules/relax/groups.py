@@ -1,0 +1,72 @@
+"""The layout of a grouped conv whose groups are not whole blocks (conv2d.py): each group's
+channels padded with zeros to whole blocks, and the copies between it and the plain blocked
+layout, scheduled here (parallel over blocks and rows, each run of 8 lanes one vector copy: left
+to TVM's fusion and rest.py's rules, each lane was a gather, 9 ms of RegNetX-1.6GF's 59)."""
+
+from __future__ import annotations
+
+from tvm import s_tir, te, tirx
+
+_HALF = 8  # lanes copied as one run when groups are whole runs of them (AVX2's vector)
+
+
+def regroup(t, groups: int, per: int, blocks: int):
+    """Plain blocked (N, ceil(C / b), H, W, b) -> each group of `per` channels in `blocks` blocks,
+    zeros after its channels. Computed as runs of 8 lanes when a group is whole runs (RegNetX's
+    24), each run one contiguous load (the 6-d result is a view of the 5-d one)."""
+    n, _, h, w, b = (int(d) for d in t.shape)
+    zero = tirx.const(0.0, "float32")
+    if per % _HALF or b % _HALF:
+        def at(n_, gb, h_, w_, i):
+            r = gb % blocks * b + i  # the channel within its group
+            c = gb // blocks * per + r
+            return tirx.if_then_else(r < per, t[n_, c // b, h_, w_, c % b], zero)
+
+        return te.compute((n, groups * blocks, h, w, b), at, name="regroup")
+
+    def run(n_, gb, h_, w_, j, k):
+        r = gb % blocks * b + j * _HALF  # the run's first channel within its group
+        c = gb // blocks * per + r  # a multiple of 8: the run lies in one block
+        return tirx.if_then_else(r < per, t[n_, c // b, h_, w_, c % b + k], zero)
+
+    return te.compute((n, groups * blocks, h, w, b // _HALF, _HALF), run, name="regroup")
+
+
+def ungroup(t, groups: int, per: int, blocks: int, channels: int):
+    """regroup's inverse: (N, groups * blocks, H, W, b) -> plain blocked, zeros past `channels`."""
+    n, _, h, w, b = (int(d) for d in t.shape)
+    zero = tirx.const(0.0, "float32")
+    out = -(-channels // b)
+    if per % _HALF or b % _HALF:
+        def at(n_, cb, h_, w_, i):
+            c = cb * b + i
+            g, r = c // per, c % per
+            return tirx.if_then_else(c < channels, t[n_, g * blocks + r // b, h_, w_, r % b], zero)
+
+        return te.compute((n, out, h, w, b), at, name="ungroup")
+
+    def run(n_, cb, h_, w_, j, k):
+        c = cb * b + j * _HALF
+        g, r = c // per, c % per  # r a multiple of 8: the run lies in one block of its group
+        return tirx.if_then_else(c < channels, t[n_, g * blocks + r // b, h_, w_, r % b + k], zero)
+
+    return te.compute((n, out, h, w, b // _HALF, _HALF), run, name="ungroup")
+
+
+def out_shape(compute, shape, params) -> list[int]:
+    src = te.placeholder(shape, "float32", name="src")
+    return [int(d) for d in compute(src, *params).shape]
+
+
+def copy_func(compute, shape, params) -> tuple[str, tirx.PrimFunc]:
+    """(name, scheduled PrimFunc) of compute(src of `shape`, *params); opaque to FuseOps, which
+    would fuse the 6-d runs back into one gather with the reshape after them."""
+    src = te.placeholder(shape, "float32", name="src")
+    out = compute(src, *params)
+    sch = s_tir.Schedule(te.create_prim_func([src, out]))
+    loops = sch.get_loops(sch.get_sblock(out.op.name))
+    sch.parallel(sch.fuse(*loops[:3]))
+    sch.vectorize(loops[-1])
+    name = f"mk_{compute.__name__}_{'x'.join(map(str, shape))}_g{params[0]}"
+    func = sch.mod["main"].with_attr("tir.is_scheduled", True).with_attr("global_symbol", name)
+    return name, func.with_attr("op_pattern", 8)  # relax.OpPatternKind.kOpaque

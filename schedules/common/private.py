@@ -113,11 +113,8 @@ class Folder:
     def write(self, name: str, data: bytes) -> None:
         """Write a temporary file 0600 beside `name`, then rename it into place: readers in other
         processes see the old file or the whole new one, never a part."""
-        tmp = f".{name}.{secrets.token_hex(6)}"
-        fd = os.open(tmp, _CREATE, 0o600, dir_fd=self.fd)
+        tmp = self._temporary(name, data)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
             os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
             self.unlink(tmp)
@@ -126,17 +123,26 @@ class Folder:
     def create_once(self, name: str, data: bytes) -> bool:
         """Put `data` at `name` unless something is there already (never replaced): True if it was
         written by this call. A whole file appears at once or not at all."""
-        tmp = f".{name}.{secrets.token_hex(6)}"
-        fd = os.open(tmp, _CREATE, 0o600, dir_fd=self.fd)
+        tmp = self._temporary(name, data)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
             os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
             return True
         except FileExistsError:
             return False
         finally:
             self.unlink(tmp)
+
+    def _temporary(self, name: str, data: bytes) -> str:
+        """`data` in a new file 0600 beside `name` (a hidden name of its own), which is returned."""
+        tmp = f".{name}.{secrets.token_hex(6)}"
+        fd = os.open(tmp, _CREATE, 0o600, dir_fd=self.fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except BaseException:
+            self.unlink(tmp)
+            raise
+        return tmp
 
     def unlink(self, name: str) -> None:
         try:

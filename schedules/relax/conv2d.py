@@ -48,7 +48,7 @@ from ..conv import (
 from ..conv.geometry import depthwise
 from ..conv.op import Conv2dOp
 from . import exprs
-from .groups import copy_func, out_shape, regroup, ungroup
+from .groups import copy_func, regroup, ungroup
 
 LOG = logging.getLogger("tvm_microkernels.relax")
 
@@ -340,17 +340,21 @@ class _Swap(PyExprMutator):
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
         padded = not conv.blocked and _group_padded(s.cls, g)
-        if padded:
+        if conv.blocked:
+            args = [data]
+        elif padded:
             args = [self._to_group_blocked(data, g.groups, g.cg, g.nb, g.bi, g.c)]
         else:
-            args = [data if conv.blocked else self._to_blocked(data, op.blocked_data_shape[-1], g.c)]
+            args = [self._to_blocked(data, op.blocked_data_shape[-1], g.c)]
         args.append(weight)
         if conv.bias is not None:
             args.append(relax.const(op.pack_bias(conv.bias.astype(np.float32))))
         if conv.residual is not None:
             res = self.visit_expr(conv.residual)
-            args.append(res if conv.blocked else self._to_group_blocked(res, g.groups, g.og, g.ob, g.block, g.o) if padded
-                        else self._to_blocked(res, g.block, g.o))
+            if not conv.blocked:
+                res = self._to_group_blocked(res, g.groups, g.og, g.ob, g.block, g.o) if padded \
+                    else self._to_blocked(res, g.block, g.o)
+            args.append(res)
         key = (g, s.post, s.plan.algorithm, s.plan.get("tile"))
         gv = self.funcs.get(key)
         if gv is None:
@@ -377,6 +381,10 @@ class _Swap(PyExprMutator):
         lo, hi = post.clip if post.activation == "clip" else (0.0, 0.0)
         if channels % block == 0 or lo <= 0.0 <= hi:
             self.blocked[var] = (y, block, channels)
+        return self._nchw(y, block, channels)
+
+    def _nchw(self, y, block: int, channels: int) -> relax.Expr:
+        """Blocked y as NCHW: its first `channels` channels."""
         y = relax.op.layout_transform(y, index_map=lambda n_, c, h, w, i: (n_, c * block + i, h, w))
         if channels % block:
             y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[channels])
@@ -418,7 +426,6 @@ class _Swap(PyExprMutator):
         return self.builder_.emit(relax.op.layout_transform(
             x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block), pad_value=pad))
 
-
     def _to_group_blocked(self, x, groups: int, per: int, blocks: int, block: int, channels: int):
         """NCHW x, `groups` groups of `per` channels, as blocks: each group padded with zero channels
         to `blocks` whole blocks of `block` (the layout a grouped conv's blocked data and output take
@@ -431,18 +438,17 @@ class _Swap(PyExprMutator):
         y = self.builder_.emit(relax.op.reshape(x, (n, groups, per, h, w)))
         y = self.builder_.emit(relax.op.nn.pad(y, [0, 0, 0, 0, 0, blocks * block - per, 0, 0, 0, 0]))
         y = self.builder_.emit(relax.op.reshape(y, (n, groups * blocks * block, h, w)))
-        return self.builder_.emit(relax.op.layout_transform(
-            y, index_map=lambda n_, c, h_, w_: (n_, c // block, h_, w_, c % block)))
+        return self._to_blocked(y, block, groups * blocks * block)
 
     def _copy(self, compute, x, *params):
         """compute(x, *params) (regroup or ungroup) as a call of a PrimFunc of our own,
         one per shape; returns the 5-d blocked tensor."""
         key = (compute.__name__, tuple(exprs.shape(x)), params)
         if key not in self.funcs:
-            name, func = copy_func(compute, exprs.shape(x), params)
-            self.funcs[key] = self.builder_.add_func(func, name)
-        shape = out_shape(compute, exprs.shape(x), params)
-        y = self.builder_.emit(relax.call_tir(self.funcs[key], [x], relax.TensorType(shape, "float32")))
+            name, func, shape = copy_func(compute, exprs.shape(x), params)
+            self.funcs[key] = (self.builder_.add_func(func, name), shape)
+        gv, shape = self.funcs[key]
+        y = self.builder_.emit(relax.call_tir(gv, [x], relax.TensorType(shape, "float32")))
         return y if len(shape) == 5 else self.builder_.emit(relax.op.reshape(y, (*shape[:4], shape[4] * shape[5])))
 
     def _from_group_blocked(self, y, groups: int, per: int, blocks: int, block: int, channels: int, var):
@@ -450,9 +456,7 @@ class _Swap(PyExprMutator):
         zero), which the next conv of ours takes as it is, and the NCHW tensor `var` holds."""
         plain = self._copy(ungroup, self.builder_.emit(y), groups, per, blocks, channels)
         self.blocked[var] = (plain, block, channels)
-        nchw = self.builder_.emit(relax.op.layout_transform(
-            plain, index_map=lambda n_, c, h_, w_, i: (n_, c * block + i, h_, w_)))
-        return relax.op.strided_slice(nchw, axes=[1], begin=[0], end=[channels]) if channels % block else nchw
+        return self._nchw(plain, block, channels)
 
 
 def _group_padded(cls, g: Geometry) -> bool:

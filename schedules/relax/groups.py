@@ -53,13 +53,8 @@ def ungroup(t, groups: int, per: int, blocks: int, channels: int):
     return te.compute((n, out, h, w, b // _HALF, _HALF), run, name="ungroup")
 
 
-def out_shape(compute, shape, params) -> list[int]:
-    src = te.placeholder(shape, "float32", name="src")
-    return [int(d) for d in compute(src, *params).shape]
-
-
-def copy_func(compute, shape, params) -> tuple[str, tirx.PrimFunc]:
-    """(name, scheduled PrimFunc) of compute(src of `shape`, *params); opaque to FuseOps, which
+def copy_func(compute, shape, params) -> tuple[str, tirx.PrimFunc, list[int]]:
+    """(name, scheduled PrimFunc, output shape) of compute(src of `shape`, *params); opaque to FuseOps, which
     would fuse the 6-d runs back into one gather with the reshape after them."""
     src = te.placeholder(shape, "float32", name="src")
     out = compute(src, *params)
@@ -69,4 +64,4 @@ def copy_func(compute, shape, params) -> tuple[str, tirx.PrimFunc]:
     sch.vectorize(loops[-1])
     name = f"mk_{compute.__name__}_{'x'.join(map(str, shape))}_g{params[0]}"
     func = sch.mod["main"].with_attr("tir.is_scheduled", True).with_attr("global_symbol", name)
-    return name, func.with_attr("op_pattern", 8)  # relax.OpPatternKind.kOpaque
+    return name, func.with_attr("op_pattern", 8), [int(d) for d in out.shape]  # 8: relax's kOpaque

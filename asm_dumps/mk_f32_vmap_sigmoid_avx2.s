@@ -3,155 +3,128 @@ main_compute_:
  movq $-8, %rax
  vbroadcastss .L0(%rip), %ymm0
  vmovups %ymm0, -40(%rsp)
- vbroadcastss .L1(%rip), %ymm0
- vmovups %ymm0, -72(%rsp)
+ vbroadcastss .L1(%rip), %ymm12
  vbroadcastss .L2(%rip), %ymm0
  vmovups %ymm0, -104(%rsp)
- vbroadcastss .L2(%rip), %ymm12
- vxorps %xmm2, %xmm2, %xmm2
- vbroadcastss .L3(%rip), %ymm13
- vbroadcastss .L4(%rip), %ymm11
- jmp .L5
-.L6:
- vbroadcastss .L7(%rip), %ymm0
- vmaxps %ymm15, %ymm0, %ymm1
+ vbroadcastss .L3(%rip), %ymm0
+ vmovups %ymm0, -72(%rsp)
+ vbroadcastss .L4(%rip), %ymm8
+ vbroadcastss .L5(%rip), %ymm9
+ vbroadcastss .L6(%rip), %ymm11
+ vbroadcastss .L7(%rip), %ymm10
+ jmp .L8
+.L9:
+ vmovups -72(%rsp), %ymm7
+ vxorps %ymm7, %ymm14, %ymm2
+ vbroadcastss .L10(%rip), %ymm0
+ vmaxps %ymm2, %ymm0, %ymm2
  vxorps %xmm0, %xmm0, %xmm0
- vcmpleps %ymm0, %ymm1, %ymm5
- vandps %ymm1, %ymm5, %ymm1
- vbroadcastss .L8(%rip), %ymm0
- vmulps %ymm0, %ymm1, %ymm5
- vroundps $8, %ymm5, %ymm5
- vbroadcastss .L9(%rip), %ymm8
- vfmadd231ps %ymm8, %ymm5, %ymm1
- vbroadcastss .L10(%rip), %ymm9
- vfmadd231ps %ymm9, %ymm5, %ymm1
- vmulps %ymm1, %ymm1, %ymm7
+ vcmpleps %ymm0, %ymm2, %ymm3
+ vandps %ymm2, %ymm3, %ymm4
  vbroadcastss .L11(%rip), %ymm0
- vmovaps %ymm0, %ymm4
- vbroadcastss .L12(%rip), %ymm10
- vfmadd213ps %ymm10, %ymm1, %ymm4
- vbroadcastss .L13(%rip), %ymm2
- vfmadd213ps %ymm2, %ymm1, %ymm4
- vfmadd213ps %ymm13, %ymm1, %ymm4
- vfmadd213ps %ymm11, %ymm1, %ymm4
- vfmadd213ps %ymm1, %ymm7, %ymm4
- vcvttps2dq %ymm5, %ymm1
- vpsrad $1, %ymm1, %ymm1
- vcvtdq2ps %ymm1, %ymm1
- vsubps %ymm1, %ymm5, %ymm5
- vaddps %ymm4, %ymm12, %ymm4
- vcvttps2dq %ymm1, %ymm1
- vpslld $23, %ymm1, %ymm1
- vmovdqu -104(%rsp), %ymm6
- vpaddd %ymm6, %ymm1, %ymm1
- vmulps %ymm1, %ymm4, %ymm1
- vcvttps2dq %ymm5, %ymm4
+ vmulps %ymm0, %ymm4, %ymm2
+ vroundps $8, %ymm2, %ymm2
+ vfmadd231ps %ymm8, %ymm2, %ymm4
+ vfmadd231ps %ymm9, %ymm2, %ymm4
+ vmulps %ymm4, %ymm4, %ymm5
+ vbroadcastss .L12(%rip), %ymm1
+ vmovaps %ymm1, %ymm6
+ vbroadcastss .L13(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm4, %ymm6
+ vfmadd213ps %ymm11, %ymm4, %ymm6
+ vfmadd213ps %ymm10, %ymm4, %ymm6
+ vbroadcastss .L14(%rip), %ymm3
+ vfmadd213ps %ymm3, %ymm4, %ymm6
+ vxorps %ymm7, %ymm13, %ymm3
+ vbroadcastss .L15(%rip), %ymm7
+ vmaxps %ymm3, %ymm7, %ymm7
+ vminps %ymm12, %ymm7, %ymm7
+ vbroadcastss .L11(%rip), %ymm15
+ vmulps %ymm7, %ymm15, %ymm15
+ vroundps $8, %ymm15, %ymm15
+ vfmadd213ps %ymm4, %ymm5, %ymm6
+ vfmadd231ps %ymm8, %ymm15, %ymm7
+ vfmadd231ps %ymm9, %ymm15, %ymm7
+ vmulps %ymm7, %ymm7, %ymm4
+ vmovaps %ymm1, %ymm5
+ vfmadd213ps %ymm0, %ymm7, %ymm5
+ vfmadd213ps %ymm11, %ymm7, %ymm5
+ vfmadd213ps %ymm10, %ymm7, %ymm5
+ vbroadcastss .L14(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm7, %ymm5
+ vfmadd213ps %ymm7, %ymm4, %ymm5
+ vcvttps2dq %ymm15, %ymm4
  vpslld $23, %ymm4, %ymm4
- vpaddd %ymm6, %ymm4, %ymm4
- vbroadcastss .L14(%rip), %ymm5
- vmaxps %ymm15, %ymm5, %ymm5
- vxorps %xmm7, %xmm7, %xmm7
- vcmpleps %ymm7, %ymm5, %ymm7
- vandps %ymm5, %ymm7, %ymm5
- vbroadcastss .L8(%rip), %ymm7
- vmulps %ymm7, %ymm5, %ymm7
- vroundps $8, %ymm7, %ymm7
- vmulps %ymm4, %ymm1, %ymm15
- vfmadd231ps %ymm8, %ymm7, %ymm5
- vfmadd231ps %ymm9, %ymm7, %ymm5
- vmulps %ymm5, %ymm5, %ymm1
- vfmadd213ps %ymm10, %ymm5, %ymm0
- vfmadd213ps %ymm2, %ymm5, %ymm0
- vfmadd213ps %ymm13, %ymm5, %ymm0
- vfmadd213ps %ymm11, %ymm5, %ymm0
- vfmadd213ps %ymm5, %ymm1, %ymm0
- vcvttps2dq %ymm7, %ymm1
- vpslld $23, %ymm1, %ymm1
- vpaddd %ymm6, %ymm1, %ymm1
- vaddps %ymm0, %ymm12, %ymm5
- vsubps %ymm5, %ymm12, %ymm7
- vaddps %ymm7, %ymm0, %ymm4
- vmulps %ymm1, %ymm5, %ymm5
- vmulps %ymm1, %ymm4, %ymm1
- vxorps %xmm0, %xmm0, %xmm0
- vcmpltps %ymm0, %ymm14, %ymm4
- vxorps %xmm10, %xmm10, %xmm10
- vblendvps %ymm4, %ymm5, %ymm12, %ymm7
- vaddps %ymm5, %ymm12, %ymm8
- vdivps %ymm8, %ymm7, %ymm9
- vsubps %ymm8, %ymm12, %ymm6
- vaddps %ymm6, %ymm5, %ymm5
- vbroadcastss .L15(%rip), %ymm0
- vfnmadd213ps %ymm7, %ymm9, %ymm8
- vaddps %ymm5, %ymm1, %ymm5
- vandps %ymm1, %ymm4, %ymm1
- vaddps %ymm1, %ymm8, %ymm1
- vfnmadd231ps %ymm5, %ymm9, %ymm1
- vsubps %ymm9, %ymm12, %ymm5
- vblendvps %ymm4, %ymm5, %ymm9, %ymm5
- vblendvps %ymm4, %ymm15, %ymm12, %ymm4
- vfmadd213ps %ymm9, %ymm1, %ymm5
- vcmpltps %ymm3, %ymm0, %ymm1
- vblendvps %ymm1, %ymm4, %ymm5, %ymm1
- vxorps %xmm2, %xmm2, %xmm2
- vcmpunordps %ymm10, %ymm14, %ymm3
- vblendvps %ymm3, %ymm14, %ymm1, %ymm3
- vmovups %ymm3, 32(%rsi,%rax,4)
+ vmovdqu -104(%rsp), %ymm0
+ vpaddd %ymm0, %ymm4, %ymm4
+ vbroadcastss .L2(%rip), %ymm1
+ vaddps %ymm1, %ymm4, %ymm7
+ vsubps %ymm4, %ymm7, %ymm15
+ vsubps %ymm15, %ymm1, %ymm15
+ vfmadd231ps %ymm5, %ymm4, %ymm15
+ vcvttps2dq %ymm2, %ymm4
+ vpsrad $1, %ymm4, %ymm4
+ vcvtdq2ps %ymm4, %ymm4
+ vsubps %ymm4, %ymm2, %ymm2
+ vaddps %ymm1, %ymm6, %ymm5
+ vcvttps2dq %ymm4, %ymm4
+ vpslld $23, %ymm4, %ymm4
+ vpaddd %ymm0, %ymm4, %ymm4
+ vmulps %ymm4, %ymm5, %ymm4
+ vcvttps2dq %ymm2, %ymm2
+ vpslld $23, %ymm2, %ymm2
+ vpaddd %ymm0, %ymm2, %ymm2
+ vmulps %ymm2, %ymm4, %ymm2
+ vcmpltps %ymm3, %ymm13, %ymm4
+ vblendvps %ymm4, %ymm2, %ymm1, %ymm2
+ vaddps %ymm7, %ymm15, %ymm4
+ vdivps %ymm4, %ymm1, %ymm4
+ vcmpltps %ymm14, %ymm12, %ymm5
+ vblendvps %ymm5, %ymm2, %ymm4, %ymm2
+ vcmpunordps %ymm3, %ymm13, %ymm3
+ vblendvps %ymm3, %ymm13, %ymm2, %ymm2
+ vmovups %ymm2, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
  jae .L16
-.L5:
- vmovups 32(%rdi,%rax,4), %ymm14
- vandps -40(%rsp), %ymm14, %ymm3
- vbroadcastss .L15(%rip), %ymm0
- vcmpnleps %ymm0, %ymm3, %ymm15
- vtestps %ymm15, %ymm15
- vorps -72(%rsp), %ymm14, %ymm15
- jne .L6
- vbroadcastss .L17(%rip), %ymm1
- vmulps %ymm1, %ymm3, %ymm3
- vroundps $8, %ymm3, %ymm3
- vbroadcastss .L9(%rip), %ymm1
- vfmadd231ps %ymm1, %ymm3, %ymm15
- vbroadcastss .L10(%rip), %ymm1
- vfmadd231ps %ymm1, %ymm3, %ymm15
- vmulps %ymm15, %ymm15, %ymm1
- vbroadcastss .L11(%rip), %ymm7
+.L8:
+ vmovups 32(%rdi,%rax,4), %ymm13
+ vandps -40(%rsp), %ymm13, %ymm14
+ vcmpnleps %ymm12, %ymm14, %ymm2
+ vtestps %ymm2, %ymm2
+ jne .L9
+ vbroadcastss .L17(%rip), %ymm2
+ vmulps %ymm2, %ymm13, %ymm2
+ vroundps $8, %ymm2, %ymm2
+ vbroadcastss .L4(%rip), %ymm3
+ vfmsub231ps %ymm3, %ymm2, %ymm13
+ vbroadcastss .L5(%rip), %ymm3
+ vfmadd231ps %ymm3, %ymm2, %ymm13
+ vmulps %ymm13, %ymm13, %ymm3
  vbroadcastss .L12(%rip), %ymm4
- vfmadd213ps %ymm4, %ymm15, %ymm7
  vbroadcastss .L13(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm15, %ymm7
- vbroadcastss .L3(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm15, %ymm7
- vbroadcastss .L4(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm15, %ymm7
- vfmadd213ps %ymm15, %ymm1, %ymm7
- vcvttps2dq %ymm3, %ymm1
- vpslld $23, %ymm1, %ymm1
- vpaddd -104(%rsp), %ymm1, %ymm1
- vaddps %ymm7, %ymm12, %ymm3
- vsubps %ymm3, %ymm12, %ymm15
- vaddps %ymm7, %ymm15, %ymm7
- vmulps %ymm1, %ymm3, %ymm3
- vmulps %ymm1, %ymm7, %ymm1
- vaddps %ymm3, %ymm12, %ymm7
- vsubps %ymm7, %ymm12, %ymm15
- vaddps %ymm3, %ymm15, %ymm15
- vcmpltps %ymm2, %ymm14, %ymm14
- vblendvps %ymm14, %ymm3, %ymm12, %ymm3
- vdivps %ymm7, %ymm3, %ymm5
- vfnmadd213ps %ymm3, %ymm5, %ymm7
- vaddps %ymm1, %ymm15, %ymm3
- vandps %ymm1, %ymm14, %ymm1
- vaddps %ymm7, %ymm1, %ymm1
- vfnmadd231ps %ymm3, %ymm5, %ymm1
- vsubps %ymm5, %ymm12, %ymm3
- vblendvps %ymm14, %ymm3, %ymm5, %ymm3
- vfmadd213ps %ymm5, %ymm1, %ymm3
- vmovups %ymm3, 32(%rsi,%rax,4)
+ vfmadd213ps %ymm0, %ymm13, %ymm4
+ vbroadcastss .L6(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm13, %ymm4
+ vbroadcastss .L7(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm13, %ymm4
+ vbroadcastss .L14(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm13, %ymm4
+ vfmadd213ps %ymm13, %ymm3, %ymm4
+ vcvttps2dq %ymm2, %ymm2
+ vpslld $23, %ymm2, %ymm2
+ vpaddd -104(%rsp), %ymm2, %ymm2
+ vbroadcastss .L2(%rip), %ymm0
+ vaddps %ymm0, %ymm2, %ymm3
+ vsubps %ymm2, %ymm3, %ymm6
+ vsubps %ymm6, %ymm0, %ymm6
+ vfmadd231ps %ymm4, %ymm2, %ymm6
+ vaddps %ymm6, %ymm3, %ymm2
+ vdivps %ymm2, %ymm0, %ymm2
+ vmovups %ymm2, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
- jb .L5
+ jb .L8
 .L16:
  vzeroupper
  retq

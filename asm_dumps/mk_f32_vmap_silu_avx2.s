@@ -3,166 +3,133 @@ main_compute_:
  movq $-8, %rax
  vbroadcastss .L0(%rip), %ymm0
  vmovups %ymm0, -40(%rsp)
- vbroadcastss .L1(%rip), %ymm0
+ vbroadcastss .L1(%rip), %ymm14
+ vbroadcastss .L2(%rip), %ymm0
+ vmovups %ymm0, -104(%rsp)
+ vbroadcastss .L3(%rip), %ymm0
  vmovups %ymm0, -72(%rsp)
- vxorps %xmm5, %xmm5, %xmm5
- vbroadcastss .L2(%rip), %ymm12
- vbroadcastss .L3(%rip), %ymm10
- vbroadcastss .L4(%rip), %ymm11
- jmp .L5
-.L6:
- vbroadcastss .L7(%rip), %ymm0
- vmaxps %ymm14, %ymm0, %ymm3
- vbroadcastss .L8(%rip), %ymm4
- vxorps %ymm4, %ymm2, %ymm15
- vmaxps %ymm15, %ymm0, %ymm4
+ vbroadcastss .L4(%rip), %ymm10
+ vbroadcastss .L5(%rip), %ymm11
+ vbroadcastss .L6(%rip), %ymm1
+ jmp .L7
+.L8:
+ vmovups -72(%rsp), %ymm5
+ vxorps %ymm5, %ymm13, %ymm4
+ vbroadcastss .L9(%rip), %ymm0
+ vmaxps %ymm4, %ymm0, %ymm4
  vxorps %xmm0, %xmm0, %xmm0
  vcmpleps %ymm0, %ymm4, %ymm6
  vandps %ymm4, %ymm6, %ymm4
- vbroadcastss .L9(%rip), %ymm0
- vmulps %ymm0, %ymm4, %ymm6
- vroundps $8, %ymm6, %ymm6
- vbroadcastss .L10(%rip), %ymm0
- vminps %ymm0, %ymm3, %ymm3
- vbroadcastss .L11(%rip), %ymm5
- vfmadd231ps %ymm5, %ymm6, %ymm4
- vbroadcastss .L12(%rip), %ymm8
- vfmadd231ps %ymm8, %ymm6, %ymm4
- vmulps %ymm4, %ymm4, %ymm13
- vbroadcastss .L13(%rip), %ymm0
- vmovaps %ymm0, %ymm1
- vbroadcastss .L14(%rip), %ymm9
- vfmadd213ps %ymm9, %ymm4, %ymm1
- vfmadd213ps %ymm12, %ymm4, %ymm1
- vfmadd213ps %ymm10, %ymm4, %ymm1
- vfmadd213ps %ymm11, %ymm4, %ymm1
- vfmadd213ps %ymm4, %ymm13, %ymm1
- vcvttps2dq %ymm6, %ymm4
- vpsrad $1, %ymm4, %ymm4
- vcvtdq2ps %ymm4, %ymm4
- vsubps %ymm4, %ymm6, %ymm6
- vfmadd132ps %ymm3, %ymm3, %ymm1
- vcvttps2dq %ymm4, %ymm3
- vpslld $23, %ymm3, %ymm3
- vmovdqu -72(%rsp), %ymm7
- vpaddd %ymm7, %ymm3, %ymm3
- vmulps %ymm3, %ymm1, %ymm1
- vcvttps2dq %ymm6, %ymm3
- vpslld $23, %ymm3, %ymm3
- vpaddd %ymm7, %ymm3, %ymm3
- vmulps %ymm3, %ymm1, %ymm13
- vbroadcastss .L15(%rip), %ymm1
- vmaxps %ymm15, %ymm1, %ymm1
- vxorps %xmm15, %xmm15, %xmm15
- vcmpleps %ymm15, %ymm1, %ymm3
- vandps %ymm1, %ymm3, %ymm1
- vbroadcastss .L9(%rip), %ymm3
- vmulps %ymm3, %ymm1, %ymm3
- vroundps $8, %ymm3, %ymm3
- vfmadd231ps %ymm5, %ymm3, %ymm1
- vfmadd231ps %ymm8, %ymm3, %ymm1
- vmulps %ymm1, %ymm1, %ymm4
- vmovaps %ymm0, %ymm6
- vfmadd213ps %ymm9, %ymm1, %ymm6
- vfmadd213ps %ymm12, %ymm1, %ymm6
- vfmadd213ps %ymm10, %ymm1, %ymm6
- vfmadd213ps %ymm11, %ymm1, %ymm6
+ vmulps %ymm4, %ymm10, %ymm6
+ vroundps $8, %ymm6, %ymm12
+ vbroadcastss .L10(%rip), %ymm2
+ vfmadd231ps %ymm2, %ymm12, %ymm4
+ vbroadcastss .L11(%rip), %ymm7
+ vfmadd231ps %ymm7, %ymm12, %ymm4
+ vmulps %ymm4, %ymm4, %ymm3
+ vbroadcastss .L12(%rip), %ymm9
+ vmovaps %ymm9, %ymm6
+ vbroadcastss .L13(%rip), %ymm8
+ vfmadd213ps %ymm8, %ymm4, %ymm6
+ vbroadcastss .L14(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm4, %ymm6
+ vfmadd213ps %ymm11, %ymm4, %ymm6
  vfmadd213ps %ymm1, %ymm4, %ymm6
- vcvttps2dq %ymm3, %ymm1
- vpslld $23, %ymm1, %ymm1
- vpaddd %ymm7, %ymm1, %ymm1
- vbroadcastss .L1(%rip), %ymm0
- vaddps %ymm0, %ymm6, %ymm3
- vsubps %ymm3, %ymm0, %ymm4
- vaddps %ymm4, %ymm6, %ymm4
- vmulps %ymm1, %ymm3, %ymm3
- vmulps %ymm1, %ymm4, %ymm1
- vaddps %ymm0, %ymm3, %ymm4
- vsubps %ymm4, %ymm0, %ymm6
- vaddps %ymm6, %ymm3, %ymm6
- vaddps %ymm6, %ymm1, %ymm6
- vcmpltps %ymm15, %ymm14, %ymm15
- vxorps %xmm9, %xmm9, %xmm9
- vblendvps %ymm15, %ymm3, %ymm0, %ymm3
- vandps %ymm1, %ymm15, %ymm1
- vmulps %ymm3, %ymm14, %ymm7
- vdivps %ymm4, %ymm0, %ymm8
- vfmsub213ps %ymm7, %ymm14, %ymm3
- vfmadd231ps %ymm1, %ymm14, %ymm3
- vmulps %ymm7, %ymm8, %ymm1
- vfnmadd231ps %ymm4, %ymm1, %ymm7
- vaddps %ymm7, %ymm3, %ymm3
+ vfmadd213ps %ymm4, %ymm3, %ymm6
+ vxorps %ymm5, %ymm15, %ymm4
+ vbroadcastss .L15(%rip), %ymm3
+ vmaxps %ymm4, %ymm3, %ymm3
+ vminps %ymm14, %ymm3, %ymm3
+ vmulps %ymm3, %ymm10, %ymm5
+ vroundps $8, %ymm5, %ymm5
+ vfmadd231ps %ymm2, %ymm5, %ymm3
+ vfmadd231ps %ymm7, %ymm5, %ymm3
+ vmulps %ymm3, %ymm3, %ymm7
+ vfmadd213ps %ymm8, %ymm3, %ymm9
+ vfmadd213ps %ymm0, %ymm3, %ymm9
+ vfmadd213ps %ymm11, %ymm3, %ymm9
+ vfmadd213ps %ymm1, %ymm3, %ymm9
+ vfmadd213ps %ymm3, %ymm7, %ymm9
+ vcvttps2dq %ymm5, %ymm3
+ vpslld $23, %ymm3, %ymm3
+ vmovdqu -104(%rsp), %ymm8
+ vpaddd %ymm3, %ymm8, %ymm3
+ vbroadcastss .L2(%rip), %ymm0
+ vaddps %ymm0, %ymm3, %ymm5
+ vsubps %ymm3, %ymm5, %ymm7
+ vsubps %ymm7, %ymm0, %ymm7
+ vfmadd231ps %ymm9, %ymm3, %ymm7
+ vbroadcastss .L9(%rip), %ymm0
+ vmaxps %ymm15, %ymm0, %ymm2
  vbroadcastss .L16(%rip), %ymm0
- vfnmadd231ps %ymm6, %ymm1, %ymm3
- vblendvps %ymm15, %ymm13, %ymm14, %ymm4
- vfmadd213ps %ymm1, %ymm8, %ymm3
- vcmpltps %ymm2, %ymm0, %ymm1
- vblendvps %ymm1, %ymm4, %ymm3, %ymm1
- vxorps %xmm5, %xmm5, %xmm5
- vcmpunordps %ymm9, %ymm14, %ymm2
- vblendvps %ymm2, %ymm14, %ymm1, %ymm1
+ vminps %ymm0, %ymm2, %ymm2
+ vfmadd132ps %ymm2, %ymm2, %ymm6
+ vcvttps2dq %ymm12, %ymm2
+ vpsrad $1, %ymm2, %ymm2
+ vcvtdq2ps %ymm2, %ymm2
+ vsubps %ymm2, %ymm12, %ymm3
+ vcvttps2dq %ymm2, %ymm2
+ vpslld $23, %ymm2, %ymm2
+ vpaddd %ymm2, %ymm8, %ymm2
+ vmulps %ymm2, %ymm6, %ymm2
+ vcvttps2dq %ymm3, %ymm3
+ vpslld $23, %ymm3, %ymm3
+ vpaddd %ymm3, %ymm8, %ymm3
+ vmulps %ymm3, %ymm2, %ymm2
+ vcmpltps %ymm4, %ymm15, %ymm3
+ vblendvps %ymm3, %ymm2, %ymm15, %ymm2
+ vaddps %ymm7, %ymm5, %ymm3
+ vdivps %ymm3, %ymm15, %ymm3
+ vcmpltps %ymm13, %ymm14, %ymm5
+ vblendvps %ymm5, %ymm2, %ymm3, %ymm2
+ vcmpunordps %ymm4, %ymm15, %ymm3
+ vblendvps %ymm3, %ymm15, %ymm2, %ymm2
  vbroadcastss .L17(%rip), %ymm0
- vcmpltps %ymm0, %ymm14, %ymm2
+ vcmpltps %ymm0, %ymm15, %ymm3
  vbroadcastss .L18(%rip), %ymm0
- vblendvps %ymm2, %ymm0, %ymm1, %ymm2
- vmovups %ymm2, 32(%rsi,%rax,4)
+ vblendvps %ymm3, %ymm0, %ymm2, %ymm4
+ vmovups %ymm4, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
  jae .L19
-.L5:
- vmovups 32(%rdi,%rax,4), %ymm14
- vandps -40(%rsp), %ymm14, %ymm2
- vbroadcastss .L16(%rip), %ymm0
- vcmpnleps %ymm0, %ymm2, %ymm13
- vtestps %ymm13, %ymm13
- jne .L6
- vbroadcastss .L20(%rip), %ymm1
- vmulps %ymm1, %ymm2, %ymm13
- vroundps $8, %ymm13, %ymm13
- vbroadcastss .L11(%rip), %ymm1
- vfmsub231ps %ymm1, %ymm13, %ymm2
- vbroadcastss .L12(%rip), %ymm1
- vfmadd231ps %ymm1, %ymm13, %ymm2
- vmulps %ymm2, %ymm2, %ymm15
- vbroadcastss .L13(%rip), %ymm6
- vbroadcastss .L14(%rip), %ymm1
- vfmadd213ps %ymm1, %ymm2, %ymm6
+.L7:
+ vmovups 32(%rdi,%rax,4), %ymm15
+ vandps -40(%rsp), %ymm15, %ymm13
+ vcmpnleps %ymm14, %ymm13, %ymm4
+ vtestps %ymm4, %ymm4
+ jne .L8
+ vbroadcastss .L20(%rip), %ymm2
+ vmulps %ymm2, %ymm15, %ymm4
+ vroundps $8, %ymm4, %ymm4
+ vbroadcastss .L10(%rip), %ymm6
+ vfmsub213ps %ymm15, %ymm4, %ymm6
+ vbroadcastss .L11(%rip), %ymm2
+ vfmadd231ps %ymm2, %ymm4, %ymm6
+ vmulps %ymm6, %ymm6, %ymm12
+ vbroadcastss .L12(%rip), %ymm13
+ vbroadcastss .L13(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm6, %ymm13
+ vbroadcastss .L14(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm6, %ymm13
+ vbroadcastss .L5(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm6, %ymm13
+ vbroadcastss .L6(%rip), %ymm0
+ vfmadd213ps %ymm0, %ymm6, %ymm13
+ vfmadd213ps %ymm6, %ymm12, %ymm13
+ vcvttps2dq %ymm4, %ymm4
+ vpslld $23, %ymm4, %ymm4
+ vpaddd -104(%rsp), %ymm4, %ymm4
  vbroadcastss .L2(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm2, %ymm6
- vbroadcastss .L3(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm2, %ymm6
- vbroadcastss .L4(%rip), %ymm0
- vfmadd213ps %ymm0, %ymm2, %ymm6
- vfmadd213ps %ymm2, %ymm15, %ymm6
- vcvttps2dq %ymm13, %ymm2
- vpslld $23, %ymm2, %ymm2
- vpaddd -72(%rsp), %ymm2, %ymm2
- vbroadcastss .L1(%rip), %ymm0
- vaddps %ymm0, %ymm6, %ymm13
- vsubps %ymm13, %ymm0, %ymm15
- vaddps %ymm6, %ymm15, %ymm6
- vmulps %ymm2, %ymm13, %ymm13
- vmulps %ymm2, %ymm6, %ymm2
- vaddps %ymm0, %ymm13, %ymm6
- vsubps %ymm6, %ymm0, %ymm15
- vaddps %ymm15, %ymm13, %ymm15
- vaddps %ymm2, %ymm15, %ymm15
- vcmpltps %ymm5, %ymm14, %ymm3
- vblendvps %ymm3, %ymm13, %ymm0, %ymm13
- vandps %ymm2, %ymm3, %ymm2
- vmulps %ymm13, %ymm14, %ymm3
- vfmsub213ps %ymm3, %ymm14, %ymm13
- vfmadd231ps %ymm2, %ymm14, %ymm13
- vdivps %ymm6, %ymm0, %ymm14
- vmulps %ymm3, %ymm14, %ymm4
- vfnmadd231ps %ymm6, %ymm4, %ymm3
- vaddps %ymm3, %ymm13, %ymm2
- vfnmadd231ps %ymm15, %ymm4, %ymm2
- vfmadd213ps %ymm4, %ymm14, %ymm2
- vmovups %ymm2, 32(%rsi,%rax,4)
+ vaddps %ymm0, %ymm4, %ymm6
+ vsubps %ymm4, %ymm6, %ymm12
+ vsubps %ymm12, %ymm0, %ymm12
+ vfmadd231ps %ymm13, %ymm4, %ymm12
+ vaddps %ymm6, %ymm12, %ymm4
+ vdivps %ymm4, %ymm15, %ymm4
+ vmovups %ymm4, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
- jb .L5
+ jb .L7
 .L19:
  vzeroupper
  retq

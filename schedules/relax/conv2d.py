@@ -4,9 +4,11 @@ pass, steps 1-5: pipeline.py).
 Which ops run where (one log line each on the "tvm_microkernels.relax" logger, and one dict
 each in the `report` list when one is passed: "op" is "conv2d" for a conv, else the lowered
 function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies nothing):
-  - blocked by ConvertLayout (channels per group multiples of 16): ours, direct or Winograd;
-  - left in NCHW with groups = 1 (a 3-channel first layer), depthwise (groups = channels) or
-    groups narrower than a block (ResNeXt's 4 or 8 channels per group: in the vector lanes
+  - blocked by ConvertLayout (channels per group multiples of 16, after channels.py padded the
+    graph's channel counts to whole blocks): ours, direct or Winograd; depthwise convs on whole
+    blocks too (filters as OIHW16o, repacked here), alone or fused with their 1x1 expand;
+  - left in NCHW with groups = 1 (a 3-channel first layer), depthwise on channels the padding
+    did not reach (groups = channels) or groups narrower than a block (ResNeXt's 4 or 8 channels per group: in the vector lanes
     when each group has as many outputs as inputs, else with block-diagonal weights where they
     tile a block), none of which ConvertLayout blocks: ours, between layout transforms of
     its own, weights packed here; a last step cancels each transform pair that undoes itself,
@@ -86,6 +88,13 @@ def _attrs_ok(a, blocked: bool, block: int) -> bool:
         (a.out_dtype is None or str(a.out_dtype) in ("", "float32", "void"))
 
 
+def _depthwise_blocked(a, block: int) -> bool:
+    """A depthwise conv ConvertLayout blocked (pipeline._desired_layouts): its filters as
+    (channel blocks, 1, kh, kw, block)."""
+    return (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == \
+        (f"NCHW{block}c", f"OIHW{block}o", f"NCHW{block}c") and (a.out_dtype is None or str(a.out_dtype) in ("", "float32", "void"))
+
+
 def _classify(call, block: int) -> tuple[_Conv | None, str]:
     """Whether we run this conv2d, and why not when we do not."""
     data, weight = call.args
@@ -96,6 +105,11 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
     if ds is None or ws is None:
         return None, "shapes not static"
     groups = int(a.groups)
+    if len(ds) == 5 and _depthwise_blocked(a, block):
+        if exprs.const(weight) is None:
+            return None, "blocked depthwise conv2d whose weights are not constants (bind params)"
+        ob, _one, kh, kw, bo = ws
+        return _Conv(call, True, (ds[0], ds[1] * ds[4], ds[2], ds[3]), (ob * bo, 1, kh, kw)), ""
     if len(ds) == 5 and _attrs_ok(a, True, block):
         ob, _ib, kh, kw, _bi, bo = ws
         c, o = ds[1] * ds[4], ob * bo
@@ -332,11 +346,11 @@ class _Swap(PyExprMutator):
         s = self._schedule(conv, self._algorithm(w_const))
         g: Geometry = s.geometry
         op = s.cls(g, s.isa, None, None, s.plan, s.post)
-        if conv.blocked and (tuple(g.data_shape) != exprs.shape(data) or (s.plan.algorithm == "direct" and tuple(g.weight_shape) != exprs.shape(weight))):
+        if conv.blocked and (tuple(op.blocked_data_shape) != exprs.shape(data) or (s.plan.algorithm == "direct" and tuple(g.weight_shape) != exprs.shape(weight))):
             raise AssertionError(f"ConvertLayout's blocked shapes {exprs.shape(data)}, {exprs.shape(weight)} are not ours "
-                                 f"{g.data_shape}, {g.weight_shape}")
+                                 f"{op.blocked_data_shape}, {g.weight_shape}")
         # Weights: ConvertLayout + FoldConstant already packed a blocked conv's into our layout.
-        if s.plan.algorithm == "winograd" or not conv.blocked:
+        if s.plan.algorithm == "winograd" or not conv.blocked or w_const.ndim == 5:
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
         padded = not conv.blocked and _group_padded(s.cls, g)
@@ -399,7 +413,8 @@ class _Swap(PyExprMutator):
         made = self.ready.get(req)
         lay, _, mod, plan = made if made is not None else schedule_inverted(*req)
         w_exp = exprs.const(we)
-        packed = lay.pack_weights(_unblock_weights(w_exp, lay.expand) if ex.blocked else w_exp, wd)
+        packed = lay.pack_weights(_unblock_weights(w_exp, lay.expand) if ex.blocked else w_exp,
+                                  _unblock_weights(wd, lay.dw) if dw.blocked else wd)
         shapes = lay.shapes()
         args = [data if ex.blocked else self._to_blocked(data, shapes["data"][-1], lay.expand.c)]
         args += [relax.const(w) for w in packed]
@@ -417,6 +432,11 @@ class _Swap(PyExprMutator):
         self._log(ex.call, "ours", why.format("depthwise conv after it"), "inverted", post_e)
         self._log(dw.call, "ours", why.format("1x1 expand conv before it"), "inverted", post_d)
         out = relax.call_tir(gv, args, relax.TensorType(shapes["out"], "float32"))
+        if dw.blocked:
+            if tuple(shapes["out"]) != exprs.shape(dw.call):
+                raise AssertionError(f"ConvertLayout's blocked depthwise output {exprs.shape(dw.call)} is not the fused "
+                                     f"block's {shapes['out']}")
+            return out
         return self._unblocked(out, lay.expand.o, post_d, var)
 
     def _to_blocked(self, x, block: int, channels: int):
@@ -472,7 +492,7 @@ def _fusable_depthwise(dw: _Conv) -> bool:
     a = dw.call.attrs
     o, one, kh, kw = dw.weight_shape
     strides = [int(v) for v in a.strides]
-    return (dw.depthwise and not dw.blocked and one == 1 and o == dw.data_shape[1] and kh == kw and kh in (3, 5)
+    return (dw.depthwise and one == 1 and o == dw.data_shape[1] and kh == kw and kh in (3, 5)
             and [int(p) for p in a.padding] == [kh // 2] * 4 and [int(d) for d in a.dilation] == [1, 1]
             and strides[0] == strides[1] and strides[0] in (1, 2) and dw.residual is None)
 
@@ -488,7 +508,11 @@ def _fusable_expand(ex: _Conv, dw: _Conv) -> bool:
 
 
 def _unblock_weights(w: np.ndarray, g: Geometry) -> np.ndarray:
-    """OIHW{bi}i{bo}o (groups = 1) back to OIHW, for the Winograd weight transform."""
+    """OIHW{bi}i{bo}o (groups = 1) back to OIHW, for the Winograd weight transform; a blocked
+    depthwise conv's OIHW{bo}o back to (O, 1, kh, kw), for the depthwise family's packing."""
+    if w.ndim == 5:
+        ob, one, kh, kw, bo = w.shape
+        return np.ascontiguousarray(w.transpose(0, 4, 1, 2, 3).reshape(ob * bo, one, kh, kw)[:g.o])
     ob, ib, kh, kw, bi, bo = w.shape
     return np.ascontiguousarray(w.transpose(0, 5, 1, 4, 2, 3).reshape(ob * bo, ib * bi, kh, kw)[:g.o, :g.c])
 

@@ -4,7 +4,9 @@
   1. binds `params` (weights given as function inputs become constants) and folds inference
      batch norms into the preceding convs' weights and bias (batchnorm.py; where no conv
      precedes one, into a scale and shift),
-  2. converts the float32 convs with static shapes to NCHW16c data / OIHW16i16o weights with
+  2. pads channel counts to whole blocks (channels.py: zero filters, the padding carried
+     through per-channel ops to the next convs' zero weights), then converts the float32 convs
+     with static shapes to NCHW16c data / OIHW16i16o weights (depthwise: OIHW16o) with
      TVM's ConvertLayout, which carries the elementwise ops between them into the blocked
      layout and leaves one layout transform at the model's entry and one at its exit (every
      other conv, and ops such as conv2d_transpose, keep their layouts: `_desired_layouts`; a
@@ -47,6 +49,7 @@ from ..common.targets import float_isa, int_isa, int_target, resolve, thread_cou
 from . import exprs
 from .batchnorm import fold_batch_norm
 from .cancel import cancel_transforms
+from .channels import pad_channels
 from .codegen import compile_model
 from .conv2d import LOG, SplitClips, swap
 from .fold import fold_layout_transforms, read_tuple_items
@@ -80,6 +83,7 @@ def optimize_pass(target="native", algorithm="auto", threads=None, fuse: bool = 
         mod = _fold_batch_norms(mod, report)
         mod = exprs.mutate(mod, SplitClips(mod))
         mod = exprs.mutate(mod, _StacksAsConcats(mod))
+        mod = pad_channels(mod, block)  # whole blocks everywhere: ConvertLayout blocks only those
         mod = tvm.transform.Sequential([
             relax.transform.ConvertLayout({}, layout_cb=functools.partial(_desired_layouts, block=block)),
             relax.transform.Normalize(),
@@ -107,6 +111,10 @@ def _desired_layouts(call: relax.Call, block: int) -> dict:
             and exprs.shape(call.args[0]) and exprs.shape(call.args[1]) \
             and (a.data_layout, a.kernel_layout) == ("NCHW", "OIHW"):
         c, o, groups = exprs.shape(call.args[0])[1], exprs.shape(call.args[1])[0], int(a.groups)
+        if groups == c == o and exprs.shape(call.args[1])[1] == 1 and c % block == 0:
+            # Depthwise, whole blocks: its filters blocked by output channel alone (conv2d.py
+            # repacks them), so what runs between it and its neighbours stays blocked too.
+            return {name: [f"NCHW{block}c", f"OIHW{block}o"]}
         if groups > 1 and ((c // groups) % block or (o // groups) % block):
             # Groups that are not whole blocks in and out: conv2d.py packs them its own way (TVM's
             # rule would block one whose inputs are whole blocks but outputs are not, mixing groups

@@ -34,6 +34,11 @@ def float_literal(v: float) -> str:
     return "0x" + struct.pack(">d", float(np.float32(v))).hex().upper()
 
 
+# The variable permute of floats within 128-bit lanes by i32 indices, per vector width (x86: the
+# only ISAs here).
+PERMUTE = {8: "avx.vpermilvar.ps.256", 16: "avx512.vpermilvar.ps.512"}
+
+
 class IrOps(vm.Ops):
     """f32_vmath's operations as LLVM IR instructions appended to `out` on vectors of `lanes`
     floats; values are SSA names (constants: splat literals). Names carry `tag`, so two
@@ -114,12 +119,32 @@ class IrOps(vm.Ops):
         half = self._emit(f"ashr {self.it} {self._int(n)}, {self._splat('i32', '1')}")
         return self._emit(f"sitofp {self.it} {half} to {self.vt}")
 
+    def binade(self, a, first, top):
+        bits = self._emit(f"bitcast {self.vt} {a} to {self.it}")
+        k = self._emit(f"lshr {self.it} {bits}, {self._splat('i32', '23')}")
+        base = int(np.float32(first).view(np.int32)) >> 23
+        k = self._emit(f"sub {self.it} {k}, {self._splat('i32', str(base))}")
+        self.used.add("smin")
+        return self._emit(f"call {self.it} @llvm.smin.v{self.lanes}i32({self.it} {k}, {self.it} {self._splat('i32', str(top))})")
+
+    def lookup(self, k, values):
+        """A variable permute within each 128-bit lane (vpermilps: one cheap uop, where vpermps
+        across the register costs two on Zen 3), the 4 values in every lane: the index's low two
+        bits pick (a negative index, below `first`, some entry)."""
+        assert len(values) == 4 and self.lanes in PERMUTE, (len(values), self.lanes)
+        table = "<" + ", ".join(f"float {float_literal(v)}" for v in list(values) * (self.lanes // 4)) + ">"
+        self.used.add("permute")
+        return self._emit(f"call {self.vt} @llvm.x86.{PERMUTE[self.lanes]}({self.vt} {table}, {self.it} {k})")
+
 
 def declarations(lanes: int, used) -> list[str]:
     """The declarations of the intrinsics an IrOps rendering called."""
-    vt = f"<{lanes} x float>"
+    vt, it = f"<{lanes} x float>", f"<{lanes} x i32>"
     arity = {"fma": 3, "fabs": 1, "roundeven": 1, "arithmetic.fence": 1}
-    return [f"declare {vt} @llvm.{fn}.v{lanes}f32({', '.join([vt] * arity[fn])})" for fn in sorted(used)]
+    other = {"smin": f"declare {it} @llvm.smin.v{lanes}i32({it}, {it})",
+             "permute": f"declare {vt} @llvm.x86.{PERMUTE.get(lanes)}({vt}, {it})"}
+    return [other[fn] if fn in other else f"declare {vt} @llvm.{fn}.v{lanes}f32({', '.join([vt] * arity[fn])})"
+            for fn in sorted(used)]
 
 
 @dataclass(frozen=True)

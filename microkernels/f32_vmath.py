@@ -17,12 +17,17 @@ Algorithms (coefficients fitted by scripts/fit_vmath.py, minimax in relative err
            x < -64: exp(x) alone; x > 64: 1.
   silu:    x / (1 + exp(-x)), the same denominator; x < -64: x joins exp(x)'s mantissa before
            its powers of two (one rounding near 0); x > 64: x.
-  gelu:    x * Phi(x), Phi the normal CDF. |x| < 0.75: Phi = 0.5 + x P(x^2), P of degree 4.
-           Else Phi(-y) = exp(-y^2/2) S(y), y = min(|x|, 14.5), with the Mills ratio S(y) a
-           polynomial of degree 10 in y - 1.625 below y = 2.5 and (1/y) Q(1/y) above, Q of degree 9
-           (one rounding in the variable, none amplified); y^2 is split into hi + lo by an FMA so
-           exp(-y^2/2) keeps its relative accuracy far into the tail (1 + erf(x/sqrt 2), as TVM's
-           legalization writes it, cancels to nothing below x = -5). Phi(x) = 1 - Phi(-x) for x > 0.
+  gelu:    x * Phi(x), Phi the normal CDF. |x| < 0.5: Phi = 0.5 + x P(x^2), P of degree 3. Else
+           with y = |x|: E = y Phi(-y) = G(y) exp(-y^2/2) and x Phi(x) = x - E (x > 0), -E (x < 0):
+           no cancellation (E <= x/2). G (y times the Mills ratio, 0.2 to 0.4) on each binade of
+           [0.5, 8] a polynomial of degree 9 in y - c, its coefficients looked up by the binade
+           (a permute within 128-bit lanes) and c where G is nearly a float32 (the constant term
+           exact); beyond 8 (the full form only) one of degree 5 in 1/y. -y^2/2 enters exp's
+           reduction unrounded (y (-y/2) - n LN2_HI in one FMA) and G joins the mantissa before
+           the powers of two. y is clamped to 14.5, where x Phi(x) is x or rounds to 0. The row
+           kernels test each vector: every |x| <= 8 (nearly all activations) skips the clamp,
+           the 1/y polynomial and the specials. 1.6 ulp at worst (the old form, S(y) in two
+           polynomials, one with a division, and two exps, reached 3.0 and cost 20% more).
   hardsigmoid: clamp(x + 3, 0, 6) / 6; hardswish: (x * clamp(x + 3, 0, 6)) / 6 (PyTorch's forms).
   leaky_relu: x < 0 ? alpha x : x; elu: x < 0 ? alpha (exp(x) - 1) : x, exp(x) - 1 = expm1 for
            small |x| by the polynomial without its 1 (no cancellation).
@@ -43,20 +48,27 @@ LN2_LO = 1.4286067653302226e-06  # ln 2 - LN2_HI
 EXP_LO, EXP_HI = -104.0, 89.0  # exp(x) rounds to 0 below, overflows above
 EXP_Q = (0.4999999403953552, 0.1666652113199234, 0.04166838899254799, 0.008368710055947304, 0.0013814611593261361)  # r^0..r^4 of q(r)
 
-GELU_SMALL = 0.75  # |x| below: the odd polynomial of Phi
+GELU_SMALL = 0.5  # |x| below: the odd polynomial of Phi
+GELU_NEAR = 8.0  # |x| up to: the binade tables of G (the near form); beyond, G in 1 / y
 GELU_TAIL = 14.5  # |x| beyond: x Phi(x) is x, or rounds to 0
-GELU_P = (0.3989422619342804, -0.06649015843868256, 0.00997150782495737, -0.0011793229496106505, 0.00010140813537873328)  # x^0..x^8, even powers of P
-GELU_MID = (GELU_SMALL + 2.5) / 2
-GELU_VMID = (1 / GELU_TAIL + 1 / 2.5) / 2
-GELU_SPLIT = 2.5  # y below: S(y) a polynomial in y; above: y S(y) one in 1 / y
-GELU_NEAR = (0.19502310454845428, -0.08202973008155823, 0.03086240217089653, -0.01062608603388071, 0.003398747416213155, -0.0010207935702055693, 0.0002900431281886995, -7.798630394972861e-05, 2.0250861780368723e-05, -5.679299647454172e-06, 1.327190943811729e-06)  # (y - GELU_MID)^0..^10
-GELU_FAR = (0.37989288568496704, -0.14255963265895844, -0.16459514200687408, 0.39276883006095886, -0.28818628191947937, -0.39775750041007996, 1.6139920949935913, -2.3143279552459717, -1.2983978986740112, 9.508974075317383)  # (1/y - GELU_VMID)^0..^9
+GELU_P = (0.39894226, -0.06648949, 0.009961249, -0.0011229948)  # x^0..x^6, even powers
+GELU_CENTRES = (0.748998, 1.4991796, 3.0012398, 5.9996104)
+GELU_G = (  # per binade: (y - GELU_CENTRES[k])^0..^9
+    (0.22500399, 0.17012723, -0.11022582, 0.05754531, -0.025966205,
+     0.010422549, -0.003907277, 0.002844121, -0.00018322901, -0.010217751),
+    (0.30861324, 0.07043529, -0.03753146, 0.016462296, -0.006340528,
+     0.002212877, -0.00071476324, 0.00022363708, -6.310264e-05, 4.319463e-06),
+    (0.36456454, 0.018295467, -0.006923197, 0.002221655, -0.0006408616,
+     0.00017083692, -4.2514228e-05, 1.00453335e-05, -2.5655984e-06, 5.776767e-07),
+    (0.38867465, 0.0031815125, -0.0007237107, 0.0001434059, -2.6157446e-05,
+     4.497304e-06, -7.220253e-07, 1.1311599e-07, -2.2184013e-08, 3.4260066e-09),
+)
+GELU_VMID = 0.097011074
+GELU_FAR = (0.3952891, -0.07331686, -0.33844954, 0.37222645, 0.5589904, -1.9438869)  # (1/y - GELU_VMID)^0..^5
 
 # Max error in ulp of the float64 result rounded to float32, every finite input (the tests
 # measure it and fail above it).
-# GELU misses the 2-ulp aim: the tail's S(y) and the three products after it round about
-# 0.5 ulp each, and a correction of S's leading term would cost a double-float step.
-ULP_BOUND = {"exp": 1.5, "sigmoid": 2.0, "silu": 2.0, "gelu": 4.0, "hardsigmoid": 1.5,
+ULP_BOUND = {"exp": 1.5, "sigmoid": 2.0, "silu": 2.0, "gelu": 2.0, "hardsigmoid": 1.5,
              "hardswish": 2.0, "leaky_relu": 1.0, "elu": 2.0}
 
 
@@ -79,6 +91,9 @@ class Ops:
     def round(self, a): ...             # to nearest, ties to even
     def pow2(self, n): ...              # 2^n for a float n holding an integer in [-126, 127]
     def half_int(self, n): ...          # floor(n / 2) for a float n holding an integer, exactly
+    def binade(self, a, first, top): ...  # min(e(a) - e(first), top) as an index, e the exponent
+    #                                     (a >= 0, first a power of two); a below first: any index
+    def lookup(self, k, values): ...    # values[k] (4 float32 constants), k a binade index
 
     def fence(self, a):                 # a, computed as written: no reassociation or contraction
         return a                        # across it (llvm.arithmetic.fence) where a compiler may
@@ -103,8 +118,21 @@ def _exp_reduced(o: Ops, x):
     """(t, n) with exp(x) = (1 + t) * 2^n, x already in [EXP_LO, EXP_HI]."""
     n = o.round(o.mul(x, o.c(LOG2E)))
     r = o.fma(n, o.c(-LN2_HI), x)
-    r = o.fma(n, o.c(-LN2_LO), r)
-    return o.fma(o.mul(r, r), horner(o, r, EXP_Q), r), n  # exp(r) - 1
+    return _expm1_reduced(o, o.fma(n, o.c(-LN2_LO), r)), n
+
+
+def _exp_reduced_product(o: Ops, a, b):
+    """(t, n) with exp(a b) = (1 + t) * 2^n, a b in [EXP_LO, EXP_HI]: the product enters the
+    reduction unrounded (a b - n LN2_HI in one FMA, |result| < 0.35: a rounding of 2^-26 at most),
+    so an argument such as -y^2/2 keeps its relative accuracy where it is large."""
+    n = o.round(o.mul(o.mul(a, b), o.c(LOG2E)))
+    r = o.fma(a, b, o.mul(n, o.c(-LN2_HI)))  # n LN2_HI exact
+    return _expm1_reduced(o, o.fma(n, o.c(-LN2_LO), r)), n
+
+
+def _expm1_reduced(o: Ops, r):
+    """exp(r) - 1 for |r| <= ln2/2 (a little beyond, from the reduction's rounding)."""
+    return o.fma(o.mul(r, r), horner(o, r, EXP_Q), r)
 
 
 def _exp_parts(o: Ops, x):
@@ -178,27 +206,33 @@ def silu(o: Ops, x, near: bool = False):
     return o.select(o.lt(x, o.c(-FLT_MAX)), o.c(float("nan")), y)  # -inf * 0: NaN, as eager has it
 
 
-def gelu(o: Ops, x):
-    # The small branch: Phi(x) = 0.5 + x P(x^2).
+def gelu(o: Ops, x, near: bool = False):
+    """x Phi(x) = x - E for x > 0, -E for x < 0, E = y Phi(-y) = G(y) exp(-y^2/2), y = |x|; below
+    GELU_SMALL, x (0.5 + x P(x^2)). near: the form for |x| <= GELU_NEAR (no clamp, no NaN, no
+    far polynomial, one power of two: the same bits)."""
     small = o.mul(x, o.fma(x, horner(o, o.mul(x, x), GELU_P), o.c(0.5)))
-    # The tail: Phi(-y) = exp(-y^2 / 2) S(y), with y^2 = hi + lo exactly, hi / 2 exact, and
-    # exp(-hi/2 - lo/2) = exp(-hi/2) (1 - lo/2).
-    y = clamp_nan_through(o, o.abs(x), 0.0, GELU_TAIL)
-    near = o.lt(y, o.c(GELU_SPLIT))
-    v = o.div(o.c(1.0), y)
-    s_near = horner(o, o.sub(y, o.c(GELU_MID)), GELU_NEAR)
-    ys_far = horner(o, o.sub(v, o.c(GELU_VMID)), GELU_FAR)  # y S(y), hardly moved by v's rounding
-    s = o.select(near, s_near, o.mul(v, ys_far))
-    ys = o.select(near, o.mul(y, s_near), ys_far)
-    hi = o.fence(o.mul(y, y))
-    lo = o.mul(o.fma(y, y, o.neg(hi)), o.c(-0.5))
-    h = o.mul(hi, o.c(-0.5))
-    q = scaled_exp(o, h, o.fma(s, lo, s))  # Phi(-y)
-    neg_side = scaled_exp(o, h, o.neg(o.fma(ys, lo, ys)))  # x Phi(x) = -y S(y) exp(-y^2/2), x = -y
-    tail = o.select(o.lt(x, o.c(0.0)), neg_side, o.mul(x, o.sub(o.c(1.0), q)))
+    y = o.abs(x) if near else clamp_nan_through(o, o.abs(x), 0.0, GELU_TAIL)
+    k = o.binade(y, GELU_SMALL, len(GELU_CENTRES) - 1)
+    u = o.sub(y, o.lookup(k, GELU_CENTRES))  # exact: y is within a factor of two of its centre
+    g = o.lookup(k, [row[-1] for row in GELU_G])
+    for j in reversed(range(len(GELU_G[0]) - 1)):
+        g = o.fma(g, u, o.lookup(k, [row[j] for row in GELU_G]))
+    if not near:  # beyond the tables: G in 1 / y, hardly moved by its rounding
+        g = o.select(o.gt(y, o.c(GELU_NEAR)), horner(o, o.sub(o.div(o.c(1.0), y), o.c(GELU_VMID)), GELU_FAR), g)
+    t, n = _exp_reduced_product(o, y, o.mul(y, o.c(-0.5)))  # exp(-y^2/2), y^2 not rounded
+    m = o.fma(g, t, g)  # G (1 + t): one rounding, then powers of two (the subnormal range rounds once)
+    if near:  # y <= 8: 2^n normal, the result too
+        e = o.mul(m, o.pow2(n))
+    else:
+        n1 = o.half_int(n)
+        e = _times_pow2(o, m, n1, o.sub(n, n1))
+    # max(x, -0) - E: x - E for x > 0, -E for x < 0 (-0 where E rounds to 0, as eager has it).
+    tail = o.sub(o.select(o.gt(x, o.c(-0.0)), x, o.c(-0.0)), e)
     out = o.select(o.lt(o.abs(x), o.c(GELU_SMALL)), small, tail)
-    # -inf: NaN, as eager has it (-inf * 0). +inf: the tail's x (1 - q) = inf, the limit, which
-    # PyTorch 2.13's scalar and AVX2 kernels give too (its AVX-512 kernel gives NaN there).
+    if near:
+        return out
+    # -inf: NaN, as eager has it (-inf * 0). +inf: inf - 0 = inf, the limit, which PyTorch 2.13's
+    # scalar and AVX2 kernels give too (its AVX-512 kernel gives NaN there).
     out = o.select(o.lt(x, o.c(-FLT_MAX)), o.c(float("nan")), out)
     return o.select(o.isnan(x), x, out)
 
@@ -244,7 +278,7 @@ PARAMETRIC = {"leaky_relu": 0.01, "elu": 1.0}  # the one parameter (alpha) and i
 # for NaN and infinities beyond it), equal to the full form bit for bit wherever every |x| is
 # within, for a renderer that can test a vector and branch (the row kernels: about a quarter
 # fewer instructions, and activations beyond 64 are rare).
-NEAR = {"sigmoid": FAR, "silu": FAR}
+NEAR = {"sigmoid": FAR, "silu": FAR, "gelu": GELU_NEAR}
 
 
 def evaluate(o: Ops, name: str, x, alpha: float | None = None, near: bool = False):
@@ -317,3 +351,10 @@ class NumpyOps(Ops):
 
     def half_int(self, n):
         return (n.astype(np.int32) >> 1).astype(np.float32)
+
+    def binade(self, a, first, top):
+        k = (np.asarray(a, np.float32).view(np.int32) >> 23) - (np.float32(first).view(np.int32) >> 23)
+        return np.minimum(k, top)
+
+    def lookup(self, k, values):
+        return np.asarray(values, np.float32)[k & 3]  # as vpermilps: the index's low two bits

@@ -1,4 +1,4 @@
-"""Elementwise row kernels of the vector math (microkernels/f32_vmath.py) in LLVM IR: y = f(x)
+"""Elementwise row kernels of the vector math (microkernels/f32_vmath/) in LLVM IR: y = f(x)
 over n contiguous float32 values, a vector of the ISA's lanes at a time and one masked vector
 for the tail. The algorithms are f32_vmath's, rendered here by `IrOps` into SSA instructions on
 <lanes x float>, so the operations and their order are the ones the bounds were measured for.
@@ -104,6 +104,9 @@ class IrOps(vm.Ops):
     def round(self, a):
         return self._call("roundeven", a)
 
+    def copysign(self, a, b):
+        return self._call("copysign", a, b)
+
     def fence(self, a):
         return self._call("arithmetic.fence", a)
 
@@ -125,7 +128,8 @@ class IrOps(vm.Ops):
         base = int(np.float32(first).view(np.int32)) >> 23
         k = self._emit(f"sub {self.it} {k}, {self._splat('i32', str(base))}")
         self.used.add("smin")
-        return self._emit(f"call {self.it} @llvm.smin.v{self.lanes}i32({self.it} {k}, {self.it} {self._splat('i32', str(top))})")
+        top = self._splat("i32", str(top))
+        return self._emit(f"call {self.it} @llvm.smin.v{self.lanes}i32({self.it} {k}, {self.it} {top})")
 
     def lookup(self, k, values):
         """A variable permute within each 128-bit lane (vpermilps: one cheap uop, where vpermps
@@ -140,7 +144,7 @@ class IrOps(vm.Ops):
 def declarations(lanes: int, used) -> list[str]:
     """The declarations of the intrinsics an IrOps rendering called."""
     vt, it = f"<{lanes} x float>", f"<{lanes} x i32>"
-    arity = {"fma": 3, "fabs": 1, "roundeven": 1, "arithmetic.fence": 1}
+    arity = {"fma": 3, "fabs": 1, "roundeven": 1, "arithmetic.fence": 1, "copysign": 2}
     other = {"smin": f"declare {it} @llvm.smin.v{lanes}i32({it}, {it})",
              "permute": f"declare {vt} @llvm.x86.{PERMUTE.get(lanes)}({vt}, {it})"}
     return [other[fn] if fn in other else f"declare {vt} @llvm.{fn}.v{lanes}f32({', '.join([vt] * arity[fn])})"

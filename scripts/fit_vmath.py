@@ -1,4 +1,4 @@
-"""Fit the polynomials of microkernels/f32_vmath.py (minimax in relative error, by Lawson's
+"""Fit the polynomials of microkernels/f32_vmath/ (minimax in relative error, by Lawson's
 iteratively reweighted least squares on Chebyshev points) and print them as the module spells
 them. Needs scipy (the test extra has it). Run: python scripts/fit_vmath.py
 """

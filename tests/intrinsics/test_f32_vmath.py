@@ -1,4 +1,4 @@
-"""The vector math (microkernels/f32_vmath.py, rendered as LLVM IR row kernels by
+"""The vector math (microkernels/f32_vmath/, rendered as LLVM IR row kernels by
 microkernels/f32_vmap.py and called over tensors by intrinsics/f32_vmath.py): each function as
 TVM compiles it, against float64 rounded to float32, in ulp, over a dense sweep of bit patterns
 (every 509th of the 2^32), every subnormal region's neighbourhood and each algorithm's branch
@@ -28,7 +28,9 @@ RUNS = [isa for isa in ISAS.values() if isa.host_supports()]
 NAMES = sorted(vm.FUNCTIONS)
 TORCH = {
     "exp": torch.exp, "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu,
-    "gelu": torch.nn.functional.gelu, "hardsigmoid": torch.nn.functional.hardsigmoid,
+    "gelu": torch.nn.functional.gelu, "tanh": torch.tanh,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "hardsigmoid": torch.nn.functional.hardsigmoid,
     "hardswish": torch.nn.functional.hardswish, "leaky_relu": torch.nn.functional.leaky_relu,
     "elu": torch.nn.functional.elu,
 }
@@ -43,6 +45,8 @@ def reference(name: str, x: np.ndarray) -> np.ndarray:
             "sigmoid": lambda: special.expit(x),
             "silu": lambda: x * special.expit(x),
             "gelu": lambda: x * 0.5 * special.erfc(-x / np.sqrt(2)),
+            "tanh": lambda: np.tanh(x),
+            "gelu_tanh": lambda: x * special.expit(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)),
             "hardsigmoid": lambda: np.clip(x + 3, 0, 6) / 6,
             "hardswish": lambda: x * np.clip(x + 3, 0, 6) / 6,
             "leaky_relu": lambda: np.where(x < 0, 0.01 * x, x),
@@ -121,6 +125,9 @@ def test_specials_as_pytorch(name):
     # there) or flush (sigmoid(-100) is 0 there, 3.7e-44 here).
     finite = ~special_in
     assert (ulp_error(got[finite], reference(name, x[finite])) <= vm.ULP_BOUND[name]).all()
+    # Zeros out as eager gives them, sign included (tanh(-0) = -0, gelu(-1e-45) = -0).
+    zero = eager == 0
+    np.testing.assert_array_equal(np.signbit(got[zero]), np.signbit(eager[zero]), err_msg=f"{name}: signs of zero")
 
 
 @settings(max_examples=30, deadline=None)
@@ -131,7 +138,7 @@ def test_within_the_bound_where_activations_live(values, name):
 
 
 @pytest.mark.parametrize("isa", sorted(ISAS))
-@pytest.mark.parametrize("name", ["exp", "sigmoid", "silu", "gelu", "elu"])
+@pytest.mark.parametrize("name", ["exp", "sigmoid", "silu", "gelu", "tanh", "gelu_tanh", "elu"])
 def test_no_libm_call_and_vector_fmas(name, isa):
     asm = compiled(name, (1024,), isa).mod.inspect_source("asm")
     for libm in ("expf", "erff", "erfcf", "exp@", "erf@"):
@@ -235,7 +242,7 @@ def test_compiles_in_milliseconds():
 
 def test_unknown_names_and_parameters_are_refused():
     with pytest.raises(ValueError, match="no vector math"):
-        iv.map_func("tanh", (4,), RUNS[0])
+        iv.map_func("softplus", (4,), RUNS[0])
     with pytest.raises(ValueError, match="takes no parameter"):
         VmapKernel("sigmoid", RUNS[0], alpha=0.2)
     assert VmapKernel("leaky_relu", RUNS[0]).alpha == np.float32(0.01)

@@ -1,7 +1,7 @@
-"""The vector math (microkernels/f32_vmath.py) over whole tensors: a PrimFunc y = fn(x) that
+"""The vector math (microkernels/f32_vmath/) over whole tensors: a PrimFunc y = fn(x) that
 calls the row kernel of microkernels/f32_vmap.py on contiguous chunks, in parallel where the
 tensor is large enough to pay for the thread pool. The Relax pass legalizes sigmoid, SiLU, GELU
-and exp onto it (schedules/relax/rest.py).
+(both forms), tanh and exp onto it (schedules/relax/rest.py).
 
 `map_func(fn, shape, isa, threads)`: main(x, y), both float32 of `shape`, any alignment.
 `layer_norm_func(shape, isa, threads, eps)`: main(x, gamma, beta, y), LayerNorm over the last

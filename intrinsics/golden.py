@@ -74,7 +74,8 @@ def layer_norm_cases() -> list[LayerNormKernel]:
 
 def vmap_cases() -> list[VmapKernel]:
     """The vector math row kernels the Relax pass calls (rest.VECTOR_MATH's functions), per x86 ISA."""
-    return [VmapKernel(fn, isa) for isa in ISAS.values() for fn in ("exp", "sigmoid", "silu", "gelu")]
+    fns = ("exp", "sigmoid", "silu", "gelu", "tanh", "gelu_tanh")
+    return [VmapKernel(fn, isa) for isa in ISAS.values() for fn in fns]
 
 
 def dw_cases() -> list[DwRow]:

@@ -18,11 +18,11 @@ all bound by memory:
   - nests too small to pay for waking the thread pool (about 16k multiply-adds) stay serial.
 A function none of the rules fits stays as TVM lowered it; the report says which and why.
 
-The transcendental maps (`VECTOR_MATH`: exp, sigmoid, SiLU, GELU in its erf form) on float32
+The transcendental maps (`VECTOR_MATH`: exp, sigmoid, SiLU, GELU in its erf and tanh forms, tanh) on float32
 tensors of static shape are legalized to our vector math instead of TVM's, which calls the
 scalar expf once per element (EfficientNet-B0's SiLU alone was half its time) and computes GELU
 as 1 + erf(x / sqrt 2), which cancels to 0 below x = -5: each becomes a call of our row kernel
-(microkernels/f32_vmap.py, range reduction and polynomials, bounds in microkernels/f32_vmath.py)
+(microkernels/f32_vmap.py, range reduction and polynomials, bounds in microkernels/f32_vmath/)
 over the tensor in parallel chunks (intrinsics.f32_vmath.map_func), opaque to FuseOps, so an
 elementwise neighbour is a pass of its own. SiLU as the ONNX export writes it, x * sigmoid(x)
 (either order), becomes one SiLU first: one pass, not two, and SiLU's bound, not the sum of two.
@@ -60,7 +60,8 @@ _VECTOR_MATH_ATTR = "mk_vector_math"
 
 
 # Relax op -> the f32_vmath function it computes (float32 only; other dtypes keep TVM's).
-VECTOR_MATH = {"relax.exp": "exp", "relax.sigmoid": "sigmoid", "relax.nn.silu": "silu", "relax.nn.gelu": "gelu"}
+VECTOR_MATH = {"relax.exp": "exp", "relax.sigmoid": "sigmoid", "relax.nn.silu": "silu", "relax.nn.gelu": "gelu",
+               "relax.tanh": "tanh", "relax.nn.gelu_tanh": "gelu_tanh"}
 
 
 def _call_ours(bb: relax.BlockBuilder, made: dict, key: tuple, make, name: str, args: list) -> relax.Expr:

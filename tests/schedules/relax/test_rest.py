@@ -225,6 +225,38 @@ def test_transcendental_maps_on_our_vector_math():
     assert not re.search(r"\b(call|jmp)\s+\S*(expf|erff|exp|erf)\b", text)
 
 
+def test_tanh_and_tanh_gelu_of_a_torch_model_on_our_vector_math():
+    """A PyTorch model with tanh and GELU's tanh form (its approximate="tanh", relax.nn.gelu_tanh):
+    both legalized to our row kernels (the report names them), within their bounds of float64, and
+    equal to eager PyTorch to its own accuracy: eager's 1 + tanh(z) cancels in the negative tail
+    (absolute errors of about |x| 2^-24, -0 where the GELU is -1e-13), ours does not."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from microkernels import f32_vmath as vm
+
+    from ...intrinsics.test_f32_vmath import reference, ulp_error
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([torch.tanh(x), torch.nn.functional.gelu(x * 3, approximate="tanh")], 1)
+
+    x = (np.random.default_rng(11).standard_normal((1, 4, 20, 20)) * 2).astype(np.float32)
+    with torch.no_grad():
+        want = Model()(torch.from_numpy(x)).numpy()
+        mod = from_exported_program(torch.export.export(Model(), (torch.from_numpy(x),)), keep_params_as_input=False)
+    opt, report = scheduled(mod)
+    kernels = sorted(r["reason"].split(",")[0].split(": ")[1] for r in report if r["reason"].startswith("vector math"))
+    assert [k.split("_", 3)[3].rsplit("_", 1)[0] for k in kernels] == ["gelu_tanh", "tanh"], report
+    out = relax.VirtualMachine(tvm.compile(opt, target=TARGET), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    got = out[0].numpy()  # the exported program returns a tuple
+    x3 = x * np.float32(3)
+    for part, name, arg in ((slice(0, 4), "tanh", x), (slice(4, 8), "gelu_tanh", x3)):
+        assert ulp_error(got[:, part], reference(name, arg)).max() <= vm.ULP_BOUND[name], name
+        np.testing.assert_allclose(got[:, part], want[:, part], rtol=1e-6, atol=4e-6 if name == "gelu_tanh" else 0)
+    assert ulp_error(want[:, 4:], reference("gelu_tanh", x3)).max() > 1e6  # eager's cancellation
+
+
 def test_vector_math_read_at_two_positions():
     """A consumer that reads the map at two positions (shifted by one, so neither read is aligned
     to a vector) gets the right values at both: the map runs once over the whole tensor, with a

@@ -9,7 +9,8 @@ squeeze-and-excitation's pool, gate and scale) run on the blocked tensor.
 
 The padding channels hold finite values that nothing reads: each consumer conv's weights are
 zero there. Finite because only these ops carry them (their inputs finite, their outputs too):
-  - conv2d (groups 1, or depthwise with multiplier 1: its padding filters are zero too);
+  - conv2d (groups 1; grouped and depthwise convs where the padding is whole groups, which get
+    zero filters: RegNetY's 8 channels a group on 104 padded to 112);
   - relu, clip, sigmoid, SiLU, GELU, tanh, leaky ReLU, negative, abs;
   - add, subtract, multiply, maximum, minimum with a scalar, a per-channel constant (padded with
     0), another padded tensor, or an unpadded one of the same channels (padded with zeros, one
@@ -147,11 +148,15 @@ class _Pad(PyExprMutator):
             w = _pad_axis(w, 0, _rounded(o, self.block))
             return relax.op.nn.conv2d(data, relax.const(w), a.strides, a.padding, a.dilation, 1,
                                       "NCHW", "OIHW", "NCHW", a.out_dtype)
-        if real[0] and groups == real[0] == o and w.shape[1] == 1:  # depthwise, multiplier 1
-            w = _pad_axis(w, 0, c_in)
-            return relax.op.nn.conv2d(data, relax.const(w), a.strides, a.padding, a.dilation, c_in,
-                                      "NCHW", "OIHW", "NCHW", a.out_dtype)
-        return None
+        if not real[0] or real[0] % groups or o % groups:
+            return None
+        # Grouped (depthwise too): the padding as whole groups of zero filters, where it is.
+        cg, og = real[0] // groups, o // groups
+        if (c_in - real[0]) % cg or (c_in // cg) * og != _rounded(o, self.block):
+            return None
+        w = _pad_axis(w, 0, (c_in // cg) * og)
+        return relax.op.nn.conv2d(data, relax.const(w), a.strides, a.padding, a.dilation, c_in // cg,
+                                  "NCHW", "OIHW", "NCHW", a.out_dtype)
 
     def _carried(self, new, real):
         """`new` on padded channels where the op keeps them finite (module doc); None: not so."""

@@ -5,8 +5,9 @@ Which ops run where (one log line each on the "tvm_microkernels.relax" logger, a
 each in the `report` list when one is passed: "op" is "conv2d" for a conv, else the lowered
 function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies nothing):
   - blocked by ConvertLayout (channels per group multiples of 16, after channels.py padded the
-    graph's channel counts to whole blocks): ours, direct or Winograd; depthwise convs on whole
-    blocks too (filters as OIHW16o, repacked here), alone or fused with their 1x1 expand;
+    graph's channel counts to whole blocks): ours, direct or Winograd; depthwise convs and groups
+    of 2-8 channels on whole blocks too (filters as OIHW16o, repacked here), a depthwise conv
+    alone or fused with its 1x1 expand;
   - left in NCHW with groups = 1 (a 3-channel first layer), depthwise on channels the padding
     did not reach (groups = channels) or groups narrower than a block (ResNeXt's 4 or 8 channels per group: in the vector lanes
     when each group has as many outputs as inputs, else with block-diagonal weights where they
@@ -88,9 +89,9 @@ def _attrs_ok(a, blocked: bool, block: int) -> bool:
         (a.out_dtype is None or str(a.out_dtype) in ("", "float32", "void"))
 
 
-def _depthwise_blocked(a, block: int) -> bool:
-    """A depthwise conv ConvertLayout blocked (pipeline._desired_layouts): its filters as
-    (channel blocks, 1, kh, kw, block)."""
+def _lanes_blocked(a, block: int) -> bool:
+    """A depthwise conv, or one of narrow groups on the plain blocked layout, that ConvertLayout
+    blocked (pipeline._desired_layouts): its filters as (output blocks, C/groups, kh, kw, block)."""
     return (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == \
         (f"NCHW{block}c", f"OIHW{block}o", f"NCHW{block}c") and (a.out_dtype is None or str(a.out_dtype) in ("", "float32", "void"))
 
@@ -105,11 +106,11 @@ def _classify(call, block: int) -> tuple[_Conv | None, str]:
     if ds is None or ws is None:
         return None, "shapes not static"
     groups = int(a.groups)
-    if len(ds) == 5 and _depthwise_blocked(a, block):
+    if len(ds) == 5 and _lanes_blocked(a, block):
         if exprs.const(weight) is None:
-            return None, "blocked depthwise conv2d whose weights are not constants (bind params)"
-        ob, _one, kh, kw, bo = ws
-        return _Conv(call, True, (ds[0], ds[1] * ds[4], ds[2], ds[3]), (ob * bo, 1, kh, kw)), ""
+            return None, "blocked grouped conv2d whose weights are not constants (bind params)"
+        ob, cg, kh, kw, bo = ws
+        return _Conv(call, True, (ds[0], ds[1] * ds[4], ds[2], ds[3]), (ob * bo, cg, kh, kw)), ""
     if len(ds) == 5 and _attrs_ok(a, True, block):
         ob, _ib, kh, kw, _bi, bo = ws
         c, o = ds[1] * ds[4], ob * bo
@@ -346,11 +347,14 @@ class _Swap(PyExprMutator):
         s = self._schedule(conv, self._algorithm(w_const))
         g: Geometry = s.geometry
         op = s.cls(g, s.isa, None, None, s.plan, s.post)
-        if conv.blocked and (tuple(op.blocked_data_shape) != exprs.shape(data) or (s.plan.algorithm == "direct" and tuple(g.weight_shape) != exprs.shape(weight))):
+        # Weights: ConvertLayout + FoldConstant already packed a blocked conv's into our layout,
+        # but for Winograd's and the OIHW16o filters of depthwise and narrow groups.
+        repack = s.plan.algorithm == "winograd" or not conv.blocked or (w_const is not None and w_const.ndim == 5)
+        if conv.blocked and (tuple(op.blocked_data_shape) != exprs.shape(data)
+                             or (s.plan.algorithm == "direct" and not repack and tuple(g.weight_shape) != exprs.shape(weight))):
             raise AssertionError(f"ConvertLayout's blocked shapes {exprs.shape(data)}, {exprs.shape(weight)} are not ours "
                                  f"{op.blocked_data_shape}, {g.weight_shape}")
-        # Weights: ConvertLayout + FoldConstant already packed a blocked conv's into our layout.
-        if s.plan.algorithm == "winograd" or not conv.blocked or w_const.ndim == 5:
+        if repack:
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
         padded = not conv.blocked and _group_padded(s.cls, g)
@@ -509,10 +513,10 @@ def _fusable_expand(ex: _Conv, dw: _Conv) -> bool:
 
 def _unblock_weights(w: np.ndarray, g: Geometry) -> np.ndarray:
     """OIHW{bi}i{bo}o (groups = 1) back to OIHW, for the Winograd weight transform; a blocked
-    depthwise conv's OIHW{bo}o back to (O, 1, kh, kw), for the depthwise family's packing."""
+    depthwise or narrow-group conv's OIHW{bo}o back to (O, C/groups, kh, kw), for its packing."""
     if w.ndim == 5:
-        ob, one, kh, kw, bo = w.shape
-        return np.ascontiguousarray(w.transpose(0, 4, 1, 2, 3).reshape(ob * bo, one, kh, kw)[:g.o])
+        ob, cg, kh, kw, bo = w.shape
+        return np.ascontiguousarray(w.transpose(0, 4, 1, 2, 3).reshape(ob * bo, cg, kh, kw)[:g.o])
     ob, ib, kh, kw, bi, bo = w.shape
     return np.ascontiguousarray(w.transpose(0, 5, 1, 4, 2, 3).reshape(ob * bo, ib * bi, kh, kw)[:g.o, :g.c])
 

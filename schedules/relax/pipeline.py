@@ -46,6 +46,7 @@ from microkernels import DEFAULT_TILES
 
 from ..common import cache
 from ..common.targets import float_isa, int_isa, int_target, resolve, thread_count
+from ..conv.geometry import block_diagonal, lane_groups
 from . import exprs
 from .batchnorm import fold_batch_norm
 from .cancel import cancel_transforms
@@ -111,9 +112,12 @@ def _desired_layouts(call: relax.Call, block: int) -> dict:
             and exprs.shape(call.args[0]) and exprs.shape(call.args[1]) \
             and (a.data_layout, a.kernel_layout) == ("NCHW", "OIHW"):
         c, o, groups = exprs.shape(call.args[0])[1], exprs.shape(call.args[1])[0], int(a.groups)
-        if groups == c == o and exprs.shape(call.args[1])[1] == 1 and c % block == 0:
-            # Depthwise, whole blocks: its filters blocked by output channel alone (conv2d.py
-            # repacks them), so what runs between it and its neighbours stays blocked too.
+        if groups > 1 and c % block == 0 and o % block == 0 and (
+                (groups == c == o and exprs.shape(call.args[1])[1] == 1)
+                or lane_groups(c, o, groups) or block_diagonal(c, o, groups, block)):
+            # Depthwise, or narrow groups on the plain blocked layout (RegNetY's 8 channels, ResNeXt's
+            # 4): filters blocked by output channel alone (conv2d.py repacks them), so what runs
+            # between it and its neighbours stays blocked too.
             return {name: [f"NCHW{block}c", f"OIHW{block}o"]}
         if groups > 1 and ((c // groups) % block or (o // groups) % block):
             # Groups that are not whole blocks in and out: conv2d.py packs them its own way (TVM's

@@ -139,3 +139,39 @@ def test_a_result_keeps_its_channel_count():
     got = run(lowered(opt), xv)
     assert got.shape == (1, 5, 5, 5)
     close(got, run(mod, xv))
+
+
+@pytest.mark.parametrize("c, cg", [(104, 8), (40, 4), (24, 8), (72, 24)], ids=["regnety_104", "resnext_40", "g8_24", "regnetx_72"])
+def test_grouped_convs_take_the_padding_as_whole_groups(c, cg):
+    """RegNetY's block on 104 channels (13 groups of 8): the 8 padding channels are a 14th group
+    of zero filters, so the grouped conv, its squeeze-and-excitation and the 1x1 convs around it
+    run blocked with no transform between them. Groups of 24 (RegNetX's) on 72 channels cannot
+    take 8 padding channels as a group: the grouped conv reads the real channels (a slice) and
+    runs on its own padded-group path. Values as TVM's own build."""
+    rng = np.random.default_rng(7)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 14, 14), "float32"))
+    groups = c // cg
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, _w(rng, c, 16, 1, 1)))))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(y, _w(rng, c, cg, 3, 3), padding=1, groups=groups))))
+            s = bb.emit(relax.op.mean(y, axis=[2, 3], keepdims=True))
+            s = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(s, _w(rng, 6, c, 1, 1)))))
+            s = bb.emit(relax.op.sigmoid(bb.emit(relax.op.nn.conv2d(s, _w(rng, c, 6, 1, 1)))))
+            y = bb.emit(relax.op.multiply(y, s))
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(y, _w(rng, 16, c, 1, 1))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    xv = rng.standard_normal((1, 16, 14, 14)).astype(np.float32)
+    padded = pad_channels(mod, 16)
+    grouped = [int(b.value.attrs.groups) for blk in padded["main"].body.blocks for b in blk.bindings
+               if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.conv2d" and int(b.value.attrs.groups) > 1]
+    whole = (16 - c % 16) % cg == 0
+    assert grouped == [(c + (16 - c % 16) % 16) // cg if whole else groups]
+    report = []
+    opt = mkrelax.optimize(mod, HOST, report=report, lower=False)
+    assert [r["runs_on"] for r in convs(report)] == ["ours"] * 5, report
+    if whole:
+        assert calls(opt, "relax.layout_transform") == 2 and calls(opt, "relax.strided_slice") == 0
+    close(run(lowered(opt), xv), run(mod, xv))

@@ -51,7 +51,25 @@ def epilogue_expr(value: str, bias_ref: str | None = None, res_ref: str | None =
         value = f"T.max(T.float32(0), {value})"
     elif act == "clip":
         value = f"T.min({f32(clip[1])}, T.max({f32(clip[0])}, {value}))"
+    elif act is not None:
+        value = VECTOR_ACTIVATION_EXPRS[act].format(v=f"({value})")
     return value
+
+
+# The vector math's activations (microkernels.VECTOR_ACTIVATIONS) as TIR: what the kernel's
+# epilogue computes, for the description tensorize matches (both sides write the same text);
+# nothing lowers these where a kernel applies them, and Winograd's output transform, which
+# would, refuses them (schedules/conv/winograd.refusal).
+VECTOR_ACTIVATION_EXPRS = {
+    "sigmoid": "T.sigmoid({v})",
+    "silu": "{v} * T.sigmoid({v})",
+    "tanh": "T.tanh({v})",
+    "gelu": "{v} * (T.float32(0.5) + T.float32(0.5) * T.erf({v} * T.float32(0.7071067811865476)))",
+    "gelu_tanh": ("T.float32(0.5) * {v} * (T.float32(1) + T.tanh(T.float32(0.7978845608028654) * "
+                  "({v} + T.float32(0.044715) * {v} * {v} * {v})))"),
+    "hardsigmoid": "T.min(T.max({v} + T.float32(3), T.float32(0)), T.float32(6)) / T.float32(6)",
+    "hardswish": "{v} * T.min(T.max({v} + T.float32(3), T.float32(0)), T.float32(6)) / T.float32(6)",
+}
 
 
 def f32(v: float) -> str:

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .f32_gemm import NO_EPILOGUE, Epilogue, TileError, activation_ir, clip_bounds_ir
+from .f32_gemm import NO_EPILOGUE, Epilogue, TileError, activation_definitions, activation_ir, clip_bounds_ir
+from .f32_vmap import merged
 from .isa import Isa, normalize_ints
 
 BLOCK = 16  # channels per call: the NCHW16c block
@@ -99,7 +100,9 @@ class DwKernel:
 
 
 def epilogue_registers(ep: Epilogue) -> int:
-    return int(ep.bias) + {None: 0, "relu": 1, "clip": 2}[ep.act]
+    # A vector-math activation runs on one accumulator at a time after the taps, with a few
+    # temporaries of its own (its constants are memory operands).
+    return int(ep.bias) + {None: 0, "relu": 1, "clip": 2}.get(ep.act, 4)
 
 
 def default_mr(isa: Isa, kh: int, kw: int, epilogue: Epilogue = NO_EPILOGUE, group: int = 1) -> int:
@@ -150,8 +153,9 @@ def _generate(k: DwKernel) -> str:
     for h in range(k.halves):
         out += _half(k, h, vt, fma)
     out += ["done:", "  ret void", "}", f"declare {vt} {fma}({vt}, {vt}, {vt})",
+            *activation_definitions(ep.act, lanes),
             "!0 = distinct !{!0, !1}", '!1 = !{!"llvm.loop.unroll.disable"}', ""]
-    return "\n".join(out)
+    return "\n".join(merged(out))
 
 
 def _half(k: DwKernel, h: int, vt: str, fma: str) -> list[str]:

@@ -11,7 +11,8 @@ Signature of every generated kernel (all strides in elements):
 
 An epilogue (oneDNN's post-ops) may follow the last K step, applied to the register tile
 before its one store, so a fused layer writes its output once:
-    C = act(acc + bias[j] + R[i, j]),   act: none, relu (max with 0) or clip (to [lo, hi])
+    C = act(acc + bias[j] + R[i, j]),   act: none, relu (max with 0), clip (to [lo, hi]) or one
+    of the vector math's activations (VECTOR_ACTIVATIONS: SiLU, sigmoid, GELU, ...)
 Each part is optional and adds arguments after the kernel's own, in this order:
     ptr bias (NR floats) | ptr r, i32 ldr (residual tile, row stride ldr) | float lo, float hi
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .f32_vmap import merged, vector_function
 from .isa import ISAS, Isa, normalize_ints, positive_int
 
 
@@ -46,7 +48,10 @@ class TileError(ValueError):
     """A tile shape the ISA cannot hold in registers, or that is malformed."""
 
 
-ACTIVATIONS = (None, "relu", "clip")
+# The vector math's activations an epilogue applies (f32_vmap.vector_function, the same
+# instructions as the standalone row kernels: fused equals unfused bit for bit).
+VECTOR_ACTIVATIONS = ("sigmoid", "silu", "gelu", "gelu_tanh", "tanh", "hardsigmoid", "hardswish")
+ACTIVATIONS = (None, "relu", "clip", *VECTOR_ACTIVATIONS)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class Epilogue:
 
     bias: bool = False
     residual: bool = False
-    act: str | None = None  # None, "relu" or "clip" (bounds are kernel arguments)
+    act: str | None = None  # None, "relu", "clip" (bounds are kernel arguments) or a VECTOR_ACTIVATIONS name
 
     def __post_init__(self):
         if self.act not in ACTIVATIONS:
@@ -254,6 +259,9 @@ def activation_ir(act: str | None, vt: str, lanes: int, x: str, tag: str, out: l
     of every kernel family with one (GEMM tiles, depthwise rows)."""
     if act is None:
         return x
+    if act in VECTOR_ACTIVATIONS:  # a call of the vector function, which LLVM inlines
+        out.append(f"  %ev{tag} = call {vt} @{vector_function(act, lanes)[0]}({vt} {x})")
+        return f"%ev{tag}"
     # x < lo ? lo : x, and x > hi ? hi : x: a NaN compares false and passes through, as it does
     # through the unfused np.maximum / torch.relu / torch.clamp. Still one vmaxps (vminps) each,
     # with the bound as its first operand: on a NaN that instruction returns its second.
@@ -266,6 +274,12 @@ def activation_ir(act: str | None, vt: str, lanes: int, x: str, tag: str, out: l
         out.append(f"  %ec{tag} = select <{lanes} x i1> %gt{tag}, {vt} %hiv, {vt} {x}")
         x = f"%ec{tag}"
     return x
+
+
+def activation_definitions(act: str | None, lanes: int) -> list[str]:
+    """What a kernel module whose epilogue applies `act` must define besides the kernel: the
+    vector function activation_ir calls (with its declarations; merge them: f32_vmap.merged)."""
+    return vector_function(act, lanes)[1] if act in VECTOR_ACTIVATIONS else []
 
 
 def _store(kern: GemmKernel, value, cp) -> list[str]:
@@ -349,11 +363,12 @@ def _generate(kern: GemmKernel) -> str:
         "}",
         f"declare {vt} {fma}({vt}, {vt}, {vt})",
         *_declarations(kern),
+        *activation_definitions(kern.epilogue.act, lanes),
         "!0 = distinct !{!0, !1}",
         '!1 = !{!"llvm.loop.unroll.disable"}',
         "",
     ]
-    return "\n".join(out)
+    return "\n".join(merged(out))
 
 
 def _generate_batched(kern: GemmKernel) -> str:
@@ -396,11 +411,12 @@ def _generate_batched(kern: GemmKernel) -> str:
         "}",
         f"declare {vt} @llvm.fma.v{lanes}f32({vt}, {vt}, {vt})",
         *_declarations(kern),
+        *activation_definitions(kern.epilogue.act, lanes),
         "!0 = distinct !{!0, !1}",
         '!1 = !{!"llvm.loop.unroll.disable"}',
         "",
     ]
-    return "\n".join(out)
+    return "\n".join(merged(out))
 
 
 def batch_loops(a_elem: str, b_elem: str, mr: int, k_steps: str, step: list[str]) -> list[str]:

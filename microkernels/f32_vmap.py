@@ -176,13 +176,63 @@ class VmapKernel:
         return _generate(self)
 
 
+def vector_function(fn: str, lanes: int, alpha: float | None = None) -> tuple[str, list[str]]:
+    """f32_vmath's `fn` on one <lanes x float> vector as an internal function LLVM inlines:
+    (its name, its definition and the declarations it needs). A function with a near form
+    (vm.NEAR) tests the vector and takes the near form when every value is within, else the
+    full one. The row kernels call it per vector, and a kernel's epilogue per output vector
+    (f32_gemm.activation_ir): a call, so the branch it holds leaves the caller's blocks as
+    they are (the inliner splits them)."""
+    vt, mt = f"<{lanes} x float>", f"<{lanes} x i1>"
+    suffix = "" if alpha is None else "_a" + np.float32(alpha).view(np.uint32).tobytes()[::-1].hex()
+    name = f"mk_f32_vec_{fn}_v{lanes}{suffix}"
+    out = [f"define internal {vt} @{name}({vt} %xv) alwaysinline {{", "entry:"]
+    used: set = set()
+    extra: list[str] = []
+    if fn in vm.NEAR:
+        # Every |x| within NEAR (not NaN) takes the near form, else the full one.
+        near = IrOps(lanes, out, "n")
+        out += [f"  %ax = call {vt} @llvm.fabs.v{lanes}f32({vt} %xv)",
+                f"  %out = fcmp ugt {vt} %ax, {near.c(vm.NEAR[fn])}",
+                f"  %anyout = call i1 @llvm.vector.reduce.or.v{lanes}i1({mt} %out)",
+                "  br i1 %anyout, label %full, label %near",
+                "near:"]
+        yn = vm.evaluate(near, fn, "%xv", alpha, near=True)
+        out += ["  br label %join", "full:"]
+        full = IrOps(lanes, out, "b")
+        yf = vm.evaluate(full, fn, "%xv", alpha)
+        out += ["  br label %join", "join:", f"  %yv = phi {vt} [{yn}, %near], [{yf}, %full]", f"  ret {vt} %yv"]
+        used |= near.used | full.used | {"fabs"}
+        extra = [f"declare i1 @llvm.vector.reduce.or.v{lanes}i1({mt})"]
+    else:
+        full = IrOps(lanes, out, "b")
+        out.append(f"  ret {vt} {vm.evaluate(full, fn, '%xv', alpha)}")
+        used |= full.used
+    return name, out + ["}", *declarations(lanes, used), *extra]
+
+
+def merged(lines: list[str]) -> list[str]:
+    """`lines` of a module with each repeated declaration kept once (a kernel and the vector
+    functions it calls may declare the same intrinsic; LLVM refuses a second declare)."""
+    seen: set = set()
+    out = []
+    for line in lines:
+        if line.startswith("declare "):
+            if line in seen:
+                continue
+            seen.add(line)
+        out.append(line)
+    return out
+
+
 def _generate(kern: VmapKernel) -> str:
-    """One vector per iteration, then one masked vector; a function with a near form (vm.NEAR)
-    tests each vector and takes the near form when every value is within (the tail: the full
-    form). Two or four independent vectors per iteration measured no faster (Zen 4, AVX-512 and AVX2: within 5%, exp alone 15% faster at
-    four, GELU 5% slower): the functions are bound by their arithmetic, not by a chain's latency."""
+    """One vector per iteration (vector_function, near form where every value allows it), then
+    one masked vector in the full form. Two or four independent vectors per iteration measured
+    no faster (Zen 4, AVX-512 and AVX2: within 5%, exp alone 15% faster at four, GELU 5%
+    slower): the functions are bound by their arithmetic, not by a chain's latency."""
     lanes, vt = kern.isa.lanes, kern.isa.vector_type
     mt = f"<{lanes} x i1>"
+    fname, fdef = vector_function(kern.fn, lanes, kern.alpha)
     out = [f"define internal void @{kern.name}(ptr %x, ptr %y, i64 %n) alwaysinline {{",
            "entry:",
            "  %pos = icmp sgt i64 %n, 0",
@@ -191,31 +241,12 @@ def _generate(kern: VmapKernel) -> str:
            "  %any = icmp sgt i64 %nv, 0",
            "  br i1 %any, label %body, label %tail",
            "body:",
-           f"  %i = phi i64 [0, %entry], [%next, %{'store' if kern.fn in vm.NEAR else 'body'}]",
+           "  %i = phi i64 [0, %entry], [%next, %body]",
            "  %px = getelementptr inbounds float, ptr %x, i64 %i",
-           f"  %xv = load {vt}, ptr %px, align 4"]
+           f"  %xv = load {vt}, ptr %px, align 4",
+           f"  %yv = call {vt} @{fname}({vt} %xv)"]
     used: set = set()
-    if kern.fn in vm.NEAR:
-        # Test the vector: every |x| within NEAR (not NaN) takes the near form, else the full one.
-        near = IrOps(lanes, out, "n")
-        out += [f"  %ax = call {vt} @llvm.fabs.v{lanes}f32({vt} %xv)",
-                f"  %out = fcmp ugt {vt} %ax, {near.c(vm.NEAR[kern.fn])}",
-                f"  %anyout = call i1 @llvm.vector.reduce.or.v{lanes}i1({mt} %out)",
-                "  br i1 %anyout, label %full, label %near",
-                "near:"]
-        yn = vm.evaluate(near, kern.fn, "%xv", kern.alpha, near=True)
-        out += ["  br label %store", "full:"]
-        full = IrOps(lanes, out, "b")
-        yf = vm.evaluate(full, kern.fn, "%xv", kern.alpha)
-        out += ["  br label %store", "store:", f"  %yv = phi {vt} [{yn}, %near], [{yf}, %full]"]
-        used |= near.used | full.used | {"fabs"}
-        yv = "%yv"
-        extra = [f"declare i1 @llvm.vector.reduce.or.v{lanes}i1({mt})"]
-    else:
-        full = IrOps(lanes, out, "b")
-        yv = vm.evaluate(full, kern.fn, "%xv", kern.alpha)
-        used |= full.used
-        extra = []
+    yv = "%yv"
     out += ["  %py = getelementptr inbounds float, ptr %y, i64 %i",
             f"  store {vt} {yv}, ptr %py, align 4",
             f"  %next = add nuw nsw i64 %i, {lanes}",
@@ -239,7 +270,8 @@ def _generate(kern: VmapKernel) -> str:
             "exit:",
             "  ret void",
             "}",
+            *fdef,
             f"declare {vt} @llvm.masked.load.v{lanes}f32.p0(ptr, i32, {mt}, {vt})",
             f"declare void @llvm.masked.store.v{lanes}f32.p0({vt}, ptr, i32, {mt})",
-            *declarations(lanes, used | tail.used), *extra, ""]
-    return "\n".join(out)
+            *declarations(lanes, used | tail.used), ""]
+    return "\n".join(merged(out))

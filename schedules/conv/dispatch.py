@@ -90,8 +90,9 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     Keyword options (OPTIONS): threads, TVM's pool size while it runs (None: one per core; the
     ARM targets run single-threaded); blocking, the cache budgets (ConvBlocking); tile;
     bias, residual, activation, clip (float32, x86): post-ops fused into the output tiles'
-    store (PostOps): out = activation(conv + bias + residual), activation None, "relu" or
-    "clip" (to `clip`, ReLU6 by default), and the op then takes op(data, weight, bias=,
+    store (PostOps): out = activation(conv + bias + residual), activation None, "relu",
+    "clip" (to `clip`, ReLU6 by default) or a vector-math activation (microkernels.
+    VECTOR_ACTIVATIONS: "silu", "gelu", ...; not on Winograd), and the op then takes op(data, weight, bias=,
     residual=); input_zero_point, weight_zero_point, weight_dtype, output_dtype and the scales
     (quantized, Quantization; residual=True with residual_scale, residual_zero_point, sum_scale,
     sum_zero_point fuses a quantized residual add, x86 8-bit outputs);
@@ -242,7 +243,7 @@ def candidates(conv: ConvParams, isa, pool: int, blocking: ConvBlocking = NO_BLO
                 for v in depthwise.variants(g, isa, post_ops, blocking, pool)]
     out = [{"algorithm": "direct", **dataclasses.asdict(v)}
            for v in direct.variants(_direct_geometry(g), isa, mr, blocking, pool)]
-    if winograd.refusal(g) is None:
+    if winograd.refusal(g, post_ops) is None:
         out += [{"algorithm": "winograd", "tile": m} for m in winograd.TILES]
     return out
 
@@ -326,10 +327,14 @@ def _measured_choice(conv: ConvParams, g: Geometry, isa, pool: int, post_ops: Po
     if entry is None:
         return None
     choice, seconds = entry["choice"], entry["seconds"]
+    if choice["algorithm"] == "winograd" and winograd.refusal(g) is None and winograd.refusal(g, post_ops):
+        # Timed without post-ops (layer_key): Winograd won, but cannot apply this activation;
+        # the rules' plan (direct) stands, as it would for any post-op Winograd refuses.
+        return None
     try:
         family = "depthwise" if _runs_depthwise(g, post_ops) else "direct"
         if choice["algorithm"] == "winograd":
-            if winograd.refusal(g) is not None or choice.get("tile") not in winograd.TILES:
+            if winograd.refusal(g, post_ops) is not None or choice.get("tile") not in winograd.TILES:
                 raise ValueError(f"F({choice.get('tile')}) cannot run this layer")
         elif choice["algorithm"] != family:
             raise ValueError(f"the {family} family runs this layer")
@@ -366,7 +371,7 @@ def _schedule_x86(conv: ConvParams, post_ops: PostOps, isa, algorithm, tile, thr
             algorithm, variant = "direct", _variant(choice)
     if algorithm != "direct":
         if algorithm == "auto":
-            tile, reason, source = winograd.choose(g, isa.name, pool)
+            tile, reason, source = winograd.choose(g, isa.name, pool, post_ops)
         elif tile is None:
             tile = 4
         if tile is not None:

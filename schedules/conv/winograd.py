@@ -45,8 +45,10 @@ TILES = tuple(sorted(wino.POINTS))
 AUTO_MIN_TILES = 49  # output tiles per image below which "auto" steps down a tile size (choose)
 
 
-def refusal(g: Geometry) -> str | None:
-    """Why Winograd F(m, 3) cannot compute this layer, or None when it can."""
+def refusal(g: Geometry, post: PostOps | None = None) -> str | None:
+    """Why Winograd F(m, 3) cannot compute this layer (with these post-ops), or None when it can."""
+    if post is not None and post.activation not in (None, "relu", "clip"):
+        return f"an activation its output transform applies (relu, clip), got {post.activation}"
     if (g.kh, g.kw) != (3, 3):
         return f"a 3x3 kernel, got {g.kh}x{g.kw}"
     if g.stride != (1, 1):
@@ -58,7 +60,8 @@ def refusal(g: Geometry) -> str | None:
     return None
 
 
-def choose(g: Geometry, isa_name: str | None = None, threads: int = 1) -> tuple[int | None, str, str]:
+def choose(g: Geometry, isa_name: str | None = None, threads: int = 1,
+           post: PostOps | None = None) -> tuple[int | None, str, str]:
     """algorithm="auto": (Winograd tile, or None for direct; the reason; its source).
 
     With this host's measurements (`python -m microkernels tune`, common/tuned.py): the fastest
@@ -71,7 +74,7 @@ def choose(g: Geometry, isa_name: str | None = None, threads: int = 1) -> tuple[
     tiles of 4x4), F(2) at 14x14 (49 tiles of 2x2: F(4)'s 16 tiles leave the GEMMs too few rows
     and re-read a 9 MiB U per band), direct at 7x7, where even F(2) was 0.9-1.3x direct's time.
     """
-    why = refusal(g)
+    why = refusal(g, post)
     if why:
         return None, f"direct: Winograd needs {why}", "defaults"
     measured = _measured(g, isa_name, threads) if isa_name else None
@@ -350,7 +353,7 @@ def transform_weights_module(g: Geometry, m: int) -> tvm.IRModule:
 def schedule(g: Geometry, isa: Isa, m: int, post: PostOps, blocking: ConvBlocking, threads: int,
              reason: str) -> tuple[tvm.IRModule, WinogradPlan]:
     """The layer's tensorized module (not compiled) and its plan; threads: the pool it divides."""
-    why = refusal(g)
+    why = refusal(g, post)
     if why:
         raise ValueError(f"algorithm='winograd' needs {why}; use algorithm='direct' (or 'auto')")
     if m not in TILES:

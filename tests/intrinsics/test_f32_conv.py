@@ -214,9 +214,57 @@ def test_epilogue_refusals():
     from microkernels import Epilogue
 
     with pytest.raises(TileError, match="activation must be one of"):
-        Epilogue(act="gelu")
+        Epilogue(act="exp")  # exp is vector math, but no activation
     with pytest.raises(TileError, match="must be an Epilogue"):
         GemmKernel(AVX2, 6, 16, epilogue="relu")
     with pytest.raises(TileError, match="lo < hi"):
         ConvTile(GemmKernel(AVX2, 6, 16, accumulate=False, batch_reduce=True, epilogue=Epilogue(act="clip")),
                  nb=1, kh=3, kw=3, bi=16, clip=(6, 0))
+
+
+def _vmap_directly(fn: str, isa, x: np.ndarray) -> np.ndarray:
+    """The standalone row kernel of `fn` (microkernels.f32_vmap) over x, called as
+    _call_kernel_directly calls a tile."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from microkernels.f32_vmap import VmapKernel
+
+    kern = VmapKernel(fn, isa)
+    n = x.size
+
+    @T.prim_func(s_tir=True)
+    def call(X: T.Buffer(x.shape, "float32"), Y: T.Buffer(x.shape, "float32")):
+        with T.attr(0, "pragma_import_llvm", kern.llvm_ir()):
+            T.evaluate(T.call_extern("void", kern.name, X.access_ptr("r"), Y.access_ptr("w"), T.int64(n)))
+
+    lib = tvm.compile(tvm.IRModule({"main": call}), target=isa.target)
+    return execute(lib, isa, [x, np.zeros_like(x)], [1])[0]
+
+
+@pytest.mark.parametrize("isa_name", list(ISAS), ids=X86_IDS)
+@pytest.mark.parametrize("act", ["silu", "sigmoid", "gelu", "gelu_tanh", "tanh", "hardswish", "hardsigmoid"])
+def test_a_vector_math_activation_in_the_epilogue_equals_the_row_kernel_bit_for_bit(isa_name, act):
+    """The epilogue's SiLU (and the rest of the vector math's activations) is the standalone row
+    kernel's code on each output vector: the fused tile's C equals the row kernel applied to the
+    unfused tile's C, bit for bit, sums spread to +-100 so that some vectors take the far form
+    (|x| > 64 for SiLU and sigmoid, > 8 for GELU) and others the near one."""
+    from microkernels import VECTOR_ACTIVATIONS, Epilogue
+
+    assert act in VECTOR_ACTIVATIONS
+    isa = ISAS[isa_name]
+    mr, nr, k = 5, 2 * isa.lanes, 4
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal(mr * k, dtype=np.float32)
+    b = (rng.standard_normal((k, nr)) * np.where(rng.random(nr) < 0.25, 25.0, 2.0)).astype(np.float32)
+    bv = rng.standard_normal(nr, dtype=np.float32)
+    outs = {}
+    for a_ in (None, act):
+        kern = GemmKernel(isa, mr, nr, accumulate=False, batch_reduce=True, epilogue=Epilogue(True, False, a_))
+        c = np.full((mr, nr), np.nan, np.float32)
+        outs[a_] = _call_kernel_directly(kern, a, b.reshape(-1), c.reshape(-1), k, nr, nr, k,
+                                         ((1, 0), (1, 0), (1, 0)), bv).reshape(mr, nr)
+    assert np.abs(outs[None]).max() > 64 and (np.abs(outs[None]) < 8).mean() > 0.3
+    want = _vmap_directly(act, isa, outs[None].reshape(-1)).reshape(mr, nr)
+    np.testing.assert_array_equal(outs[act].view(np.uint32), want.view(np.uint32))
+    assert kern.name.endswith(f"_bias_{act}")

@@ -71,7 +71,7 @@ def test_blocked_run_takes_packed_bias_and_blocked_residual():
 
 
 @pytest.mark.parametrize("kwargs, msg", [
-    ({"activation": "gelu"}, "activation must be one of"),
+    ({"activation": "softplus"}, "activation must be one of"),
     ({"activation": "clip", "clip": (1, 1)}, "lo < hi"),
     ({"activation": "clip", "clip": "ab"}, "clip must be two numbers"),
     ({"bias": 1}, "bias must be True or False"),
@@ -161,3 +161,38 @@ def test_infinite_clip_bounds_clamp_nothing_on_their_side(isa, algorithm):
     for lo, hi in ((-np.inf, 0.5), (-0.5, np.inf), (-np.inf, np.inf)):
         got = schedules.conv2d(ds, ws, **on(isa), activation="clip", clip=(lo, hi), **kw)(x, w)
         np.testing.assert_array_equal(got, np.clip(plain, lo, hi))
+
+
+VECTOR_LAYERS = {  # (data, weight, conv kwargs): the kernels whose epilogue applies the vector math
+    "direct-1x1": ((1, 24, 7, 9), (40, 24, 1, 1), dict(algorithm="direct")),
+    "direct-3x3": ((1, 16, 10, 10), (32, 16, 3, 3), dict(padding=1)),  # auto: Winograd refuses it
+    "depthwise": ((1, 32, 9, 9), (32, 1, 5, 5), dict(padding=2, groups=32)),
+}
+
+
+@pytest.mark.parametrize("layer", list(VECTOR_LAYERS))
+@pytest.mark.parametrize("activation", ["silu", "sigmoid", "gelu", "hardswish"])
+def test_a_vector_math_activation_fused_equals_the_row_kernel_after_the_conv(layer, activation):
+    """conv + bias + SiLU (sigmoid, GELU, hardswish) in one store equals the unfused conv + bias
+    followed by the standalone row kernel, bit for bit (the same instructions on the same
+    values), on the host's ISA (the AVX-512 tile's epilogue: tests/intrinsics/test_f32_conv.py,
+    under Bochs on an AVX2 host). A 3x3 stride-1 layer that auto would give Winograd runs
+    direct: Winograd's output transform applies ReLU and clips only."""
+    from tests.intrinsics.test_f32_vmath import evaluate
+
+    ds, ws, kw = VECTOR_LAYERS[layer]
+    rng = np.random.default_rng(9)
+    x, w = rng.standard_normal(ds, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    fused = schedules.conv2d(ds, ws, target=HOST, bias=True, activation=activation, **kw)
+    plain = schedules.conv2d(ds, ws, target=HOST, bias=True, **{k: v for k, v in kw.items() if k != "algorithm"},
+                             algorithm=fused.plan.algorithm if fused.plan.algorithm != "depthwise" else "auto")
+    assert fused.plan.algorithm in ("direct", "depthwise"), fused.plan
+    got, unfused = fused(x, w, bias=b), plain(x, w, bias=b)
+    np.testing.assert_array_equal(got.view(np.uint32), evaluate(activation, unfused).view(np.uint32))
+
+
+def test_winograd_refuses_a_vector_math_activation():
+    with pytest.raises(ValueError, match="activation its output transform applies"):
+        schedules.conv2d((1, 16, 10, 10), (16, 16, 3, 3), padding=1, target=HOST, algorithm="winograd", tile=4,
+                         activation="silu")

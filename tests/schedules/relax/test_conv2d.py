@@ -725,3 +725,34 @@ def test_any_group_width_runs_on_our_kernels(c, o, groups, stride, residual):
     want = relax.VirtualMachine(tvm.compile(mod, target=mkrelax.llvm_target(HOST)), tvm.cpu())["main"](
         tvm.runtime.tensor(xv)).numpy()
     close(run(opt, xv), want)
+
+
+def test_vector_math_activations_fuse_into_the_convs_when_asked(monkeypatch):
+    """conv2d.FUSE_VECTOR_ACTIVATIONS (off: measured slower on the Zen 3, its comment): on, a
+    1x1 conv + bias + SiLU and a depthwise conv + bias + sigmoid take them into their stores
+    (no row kernel left), while a 3x3 stride-1 conv, a Winograd candidate, keeps its SiLU apart;
+    values as TVM's own build. Off, every activation is a row kernel of its own."""
+    from schedules.relax import conv2d as relax_conv2d
+
+    rng = np.random.default_rng(12)
+    w = lambda *s: relax.const((rng.standard_normal(s) * 0.3).astype(np.float32))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 10, 10), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.silu(bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w(32, 16, 1, 1))),
+                                                             w(1, 32, 1, 1)))))
+            y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(y, w(32, 1, 3, 3), padding=1, groups=32)), w(1, 32, 1, 1)))
+            y = bb.emit(relax.op.sigmoid(y))
+            out = bb.emit_output(bb.emit(relax.op.nn.silu(bb.emit(relax.op.nn.conv2d(y, w(16, 32, 3, 3), padding=1)))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    xv = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    for fuse in (False, True):
+        monkeypatch.setattr(relax_conv2d, "FUSE_VECTOR_ACTIVATIONS", fuse)
+        report = []
+        opt = mkrelax.optimize(mod, HOST, report=report, lower=False)
+        posts = [r["post_ops"] for r in convs(report)]
+        assert posts == (["bias+silu", "bias+sigmoid", ""] if fuse else ["bias", "bias", ""]), posts
+        assert calls(opt, "relax.nn.silu") + calls(opt, "relax.sigmoid") == (1 if fuse else 3)
+        close(run(lowered(opt), xv), run(mod, xv))

@@ -71,7 +71,10 @@ _VECTOR_ACTS = {tvm.ir.Op.get(f"relax.{op}"): act for op, act in (
 _CLIP = tvm.ir.Op.get("relax.clip")
 _MAX = tvm.ir.Op.get("relax.maximum")
 _MIN = tvm.ir.Op.get("relax.minimum")
+_MUL = tvm.ir.Op.get("relax.multiply")
+_DIVIDE = tvm.ir.Op.get("relax.divide")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
+_STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 
 
 @dataclass
@@ -217,7 +220,39 @@ def _fuse_chain(conv: _Conv, var, users: dict, uses: dict, block: int, claimed, 
             break
         conv.skipped.append(cur)
         cur = nxt
-    return cur
+    end = _hardswish(conv, cur, users, uses, claimed) if vector_acts else None
+    return cur if end is None else end
+
+
+# hardswish as the torch frontend writes it, x * (clip(x + 3, 0, 6) / 6) with the clip split
+# (SplitClips): the ops from x to the divide, each with its constant.
+_HARDSWISH = ((_ADD, 3.0), (_MAX, 0.0), (_MIN, 6.0), (_DIVIDE, 6.0))
+
+
+def _hardswish(conv: _Conv, cur, users: dict, uses: dict, claimed) -> relax.Var | None:
+    """The var of `cur * (clip(cur + 3, 0, 6) / 6)` (MobileNetV3's hardswish after a conv), whose
+    chain then joins conv's post-ops as activation "hardswish"; None where cur is not so used.
+    Four cheap operations a vector: fused, they spare a pass over the map (the vector math's
+    SiLU or GELU, bound by their arithmetic, do not pay so: FUSE_VECTOR_ACTIVATIONS)."""
+    if conv.activation is not None or uses.get(cur, 0) != 2:
+        return None
+    chain, v = [], cur
+    for op, k in _HARDSWISH:
+        nxt, value = users.get(v, (None, None))
+        if nxt is None or nxt in claimed or not exprs.is_call(value, op) or not value.args[0].same_as(v) \
+                or _scalar(value.args[1]) != k or uses.get(nxt, 0) != 1:
+            return None
+        chain.append(v)
+        v = nxt
+    end, value = users.get(v, (None, None))
+    if end is None or end in claimed or not exprs.is_call(value, _MUL):
+        return None
+    a, b = value.args
+    if not ((a.same_as(cur) and b.same_as(v)) or (a.same_as(v) and b.same_as(cur))):
+        return None
+    conv.activation = "hardswish"
+    conv.skipped.extend(chain + [v])
+    return end
 
 
 @expr_functor.mutator
@@ -484,11 +519,40 @@ class _Swap(PyExprMutator):
         made = self.blocked.get(x)
         if made is not None and made[1:] == (block, channels):
             return self._copy(regroup, made[0], groups, per, blocks)
+        source = self._sliced_blocked(x, block, channels)
+        if source is not None:
+            return self._copy(regroup, source, groups, per, blocks)
         n, _, h, w = exprs.shape(x)
         y = self.builder_.emit(relax.op.reshape(x, (n, groups, per, h, w)))
         y = self.builder_.emit(relax.op.nn.pad(y, [0, 0, 0, 0, 0, blocks * block - per, 0, 0, 0, 0]))
         y = self.builder_.emit(relax.op.reshape(y, (n, groups * blocks * block, h, w)))
         return self._to_blocked(y, block, groups * blocks * block)
+
+    def _sliced_blocked(self, x, block: int, channels: int):
+        """The blocked tensor z when x = strided_slice(unblock(z), channels 0..channels): a tensor
+        channels.py padded to whole blocks, unblocked by ConvertLayout for a consumer that reads
+        its real channels only (RegNetX's groups of 24 on 72 channels padded to 80); z's padding
+        lanes are never read by regroup. None otherwise."""
+        sliced = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+        if not exprs.is_call(sliced, _STRIDED_SLICE) or exprs.shape(sliced) is None:
+            return None
+        try:  # (data, axes, begin, end[, strides]): axis 1 from 0, unit strides
+            axes, begin = ([int(v.value) for v in t.fields] for t in sliced.args[1:3])
+            strides = [int(v.value) for v in sliced.args[4].fields] if len(sliced.args) > 4 else [1]
+        except (AttributeError, TypeError):
+            return None
+        if axes != [1] or begin != [0] or strides != [1] or exprs.shape(sliced)[1] != channels:
+            return None
+        src = sliced.args[0]
+        unblock = self.lookup_binding(src) if isinstance(src, relax.Var) else src
+        if not exprs.is_call(unblock, _LAYOUT_TRANSFORM):
+            return None
+        z, nchw = unblock.args[0], exprs.shape(unblock)
+        zs = exprs.shape(z)
+        if zs is None or nchw is None or len(zs) != 5 or zs[4] != block or nchw[1] != zs[1] * block \
+                or zs[1] != -(-channels // block) or (zs[0], zs[2], zs[3]) != (nchw[0], nchw[2], nchw[3]):
+            return None
+        return z
 
     def _copy(self, compute, x, *params):
         """compute(x, *params) (regroup or ungroup) as a call of a PrimFunc of our own,

@@ -12,7 +12,7 @@ from tvm import relax
 from schedules import relax as mkrelax
 from schedules.relax.channels import pad_channels
 
-from .test_conv2d import HOST, calls, close, convs, lowered, run
+from .test_conv2d import HOST, call_tirs, calls, close, convs, lowered, run
 
 
 def _w(rng, *shape):
@@ -172,6 +172,12 @@ def test_grouped_convs_take_the_padding_as_whole_groups(c, cg):
     report = []
     opt = mkrelax.optimize(mod, HOST, report=report, lower=False)
     assert [r["runs_on"] for r in convs(report)] == ["ours"] * 5, report
-    if whole:
-        assert calls(opt, "relax.layout_transform") == 2 and calls(opt, "relax.strided_slice") == 0
+    # Groups of 24: the slice of the padded map reaches the grouped conv's own layout in one
+    # scheduled copy from the blocked tensor (conv2d._sliced_blocked: no transform before it);
+    # its output, 72 channels unpadded, takes the squeeze-and-excitation to NCHW and back (3
+    # transforms more: left, a note in docs/results.md).
+    assert calls(opt, "relax.layout_transform") == (2 if whole else 5)
+    assert calls(opt, "relax.strided_slice") == (0 if whole else 1)
+    regroups = [n for n in call_tirs(opt) if n.startswith("mk_regroup")]
+    assert len(regroups) == (0 if whole or cg % 16 == 0 or 16 % cg == 0 else 1), call_tirs(opt)
     close(run(lowered(opt), xv), run(mod, xv))

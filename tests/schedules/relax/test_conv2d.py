@@ -756,3 +756,34 @@ def test_vector_math_activations_fuse_into_the_convs_when_asked(monkeypatch):
         assert posts == (["bias+silu", "bias+sigmoid", ""] if fuse else ["bias", "bias", ""]), posts
         assert calls(opt, "relax.nn.silu") + calls(opt, "relax.sigmoid") == (1 if fuse else 3)
         close(run(lowered(opt), xv), run(mod, xv))
+
+
+@pytest.mark.parametrize("extra_use", [False, True])
+def test_hardswish_as_the_torch_frontend_writes_it_fuses_into_the_conv(extra_use):
+    """x * (clip(x + 3, 0, 6) / 6) after a conv's bias (MobileNetV3's hardswish): the conv's
+    post-op "hardswish", no elementwise op left; with x used a third time (added to the output),
+    nothing is fused past the bias. A 3x3 stride-1 conv before it (a Winograd candidate) keeps
+    it apart. Values as TVM's own build."""
+    rng = np.random.default_rng(13)
+    w = lambda *s: relax.const((rng.standard_normal(s) * 0.3).astype(np.float32))
+    three, six = relax.const(np.float32(3)), relax.const(np.float32(6))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 10, 10), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            outs = []
+            for k, pad in ((1, 0), (3, 1)):
+                y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w(32, 16, k, k), padding=pad)), w(1, 32, 1, 1)))
+                g = bb.emit(relax.op.clip(bb.emit(relax.op.add(y, three)), 0.0, 6.0))
+                h = bb.emit(relax.op.multiply(y, bb.emit(relax.op.divide(g, six))))
+                outs.append(bb.emit(relax.op.add(h, y)) if extra_use else h)
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(bb.emit(relax.op.add(*outs)), w(16, 32, 1, 1))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    xv = rng.standard_normal((1, 16, 10, 10)).astype(np.float32) * 3
+    report = []
+    opt = mkrelax.optimize(mod, HOST, report=report, lower=False)
+    posts = [r["post_ops"] for r in convs(report)]
+    assert posts == (["bias", "bias", ""] if extra_use else ["bias+hardswish", "bias", ""]), posts
+    assert calls(opt, "relax.divide") == (2 if extra_use else 1)
+    close(run(lowered(opt), xv), run(mod, xv))

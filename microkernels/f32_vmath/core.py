@@ -54,7 +54,7 @@ def clamp_nan_through(o: Ops, x, lo: float, hi: float):
     return o.select(o.ugt(x, o.c(hi)), o.c(hi), x)  # one compare: a vminps on x86
 
 
-def _exp_reduced(o: Ops, x, lo=None):
+def exp_reduced(o: Ops, x, lo=None):
     """(t, n) with exp(x + lo) = (1 + t) * 2^n, x already in [EXP_LO, EXP_HI] (lo: None, or a
     correction below an ulp of x, added to the reduced argument)."""
     n = o.round(o.mul(x, o.c(LOG2E)))
@@ -62,7 +62,7 @@ def _exp_reduced(o: Ops, x, lo=None):
     return _expm1_reduced(o, r if lo is None else o.add(r, lo)), n
 
 
-def _exp_reduced_product(o: Ops, a, b):
+def exp_reduced_product(o: Ops, a, b):
     """(t, n) with exp(a b) = (1 + t) * 2^n, a b in [EXP_LO, EXP_HI]: the product enters the
     reduction unrounded (a b - n LN2_HI in one FMA, |result| < 0.35: a rounding of 2^-26 at most),
     so an argument such as -y^2/2 keeps its relative accuracy where it is large."""
@@ -79,7 +79,7 @@ def _expm1_reduced(o: Ops, r):
 def _exp_parts(o: Ops, x):
     """(t, n1, n2) with exp(x) = (1 + t) * 2^n1 * 2^n2, x already in [EXP_LO, EXP_HI]: 2^n
     as two powers that are each normal, whatever n."""
-    t, n = _exp_reduced(o, x)
+    t, n = exp_reduced(o, x)
     n1 = o.half_int(n)
     return t, n1, o.sub(n, n1)
 
@@ -89,10 +89,10 @@ def scaled_exp(o: Ops, x, m=None):
     (m + m t, one rounding) before the powers of two, so a product that lands in the subnormal
     range is rounded once, at the end, and not first as exp(x) and again when multiplied."""
     t, n1, n2 = _exp_parts(o, x)
-    return _times_pow2(o, o.add(t, o.c(1.0)) if m is None else o.fma(m, t, m), n1, n2)
+    return times_pow2(o, o.add(t, o.c(1.0)) if m is None else o.fma(m, t, m), n1, n2)
 
 
-def _times_pow2(o: Ops, v, n1, n2):
+def times_pow2(o: Ops, v, n1, n2):
     """v * 2^n1 * 2^n2, in that order (exact but for a last rounding in the subnormal range)."""
     return o.mul(o.mul(v, o.pow2(n1)), o.pow2(n2))
 
@@ -106,7 +106,7 @@ SILU_LO = 112.0  # |x| e^-|x| is 0 in float32 beyond
 FAR = 64.0  # |x| beyond: 1 + exp(-|x|) is 1, and the numerator alone decides
 
 
-def _ratio(o: Ops, x, scale, far_neg, arg=None, far=FAR):
+def exp_ratio(o: Ops, x, scale, far_neg, arg=None, far=FAR):
     """scale / (1 + exp(-a)) (scale = x: SiLU; None: 1, sigmoid), a = x or arg = (hi, lo), for
     |x| <= far, then the far sides: far_neg for x < -far, x (SiLU) or 1 (sigmoid) for x > far
     (far_neg None: the near form, every x a number within far: no clamp, no branch, the same
@@ -119,7 +119,7 @@ def _ratio(o: Ops, x, scale, far_neg, arg=None, far=FAR):
     numerator rounded, and about half the instructions of a compensated quotient."""
     a, a_lo = (x, None) if arg is None else arg
     m = o.neg(a) if far_neg is None else clamp_nan_through(o, o.neg(a), -FAR, FAR)
-    t, n = _exp_reduced(o, m, None if a_lo is None else o.neg(a_lo))
+    t, n = exp_reduced(o, m, None if a_lo is None else o.neg(a_lo))
     s = o.pow2(n)
     hi = o.add(o.c(1.0), s)
     lo = o.sub(o.c(1.0), o.fence(o.sub(hi, s)))  # 1 + 2^n - hi, exact (fenced: not folded to 0)
@@ -134,18 +134,18 @@ def _ratio(o: Ops, x, scale, far_neg, arg=None, far=FAR):
 
 def sigmoid(o: Ops, x, near: bool = False):
     if near:
-        return _ratio(o, x, None, None)
+        return exp_ratio(o, x, None, None)
     far = scaled_exp(o, clamp_nan_through(o, o.neg(o.abs(x)), EXP_LO, 0.0))
-    return _ratio(o, x, None, far)
+    return exp_ratio(o, x, None, far)
 
 
 def silu(o: Ops, x, near: bool = False):
     if near:
-        return _ratio(o, x, x, None)
+        return exp_ratio(o, x, x, None)
     # x e^x rounds to -0 below -110: clamped there, the powers of two stay in range.
     xc = clamp_nan_through(o, x, -SILU_LO, SILU_LO)  # -inf: restored to NaN below
     far = scaled_exp(o, clamp_nan_through(o, o.neg(o.abs(x)), -SILU_LO, 0.0), xc)
-    y = _ratio(o, x, x, far)
+    y = exp_ratio(o, x, x, far)
     return o.select(o.lt(x, o.c(-FLT_MAX)), o.c(float("nan")), y)  # -inf * 0: NaN, as eager has it
 
 
@@ -172,7 +172,7 @@ def expm1_neg(o: Ops, x):
     """exp(x) - 1 for x <= 0 (a NaN through): the reduction's t where n = 0, else exp(x) - 1."""
     xc = clamp_nan_through(o, x, EXP_LO, 0.0)
     t, n1, n2 = _exp_parts(o, xc)
-    big = o.sub(_times_pow2(o, o.add(t, o.c(1.0)), n1, n2), o.c(1.0))
+    big = o.sub(times_pow2(o, o.add(t, o.c(1.0)), n1, n2), o.c(1.0))
     # |x| < ln2/2: n = 0 and t is exp(x) - 1 itself, to the polynomial's accuracy.
     y = o.select(o.lt(o.abs(x), o.c(0.3465)), t, big)
     return o.select(o.isnan(x), x, y)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import (FLT_MAX, SILU_LO, Ops, _exp_reduced, _exp_reduced_product, _ratio, _times_pow2,
+from .core import (FLT_MAX, SILU_LO, Ops, exp_reduced, exp_reduced_product, exp_ratio, times_pow2,
                    clamp_nan_through, horner, scaled_exp)
 
 GELU_SMALL = 0.5  # |x| below: the odd polynomial of Phi
@@ -42,13 +42,13 @@ def gelu(o: Ops, x, near: bool = False):
         g = o.fma(g, u, o.lookup(k, [row[j] for row in GELU_G]))
     if not near:  # beyond the tables: G in 1 / y, hardly moved by its rounding
         g = o.select(o.gt(y, o.c(GELU_NEAR)), horner(o, o.sub(o.div(o.c(1.0), y), o.c(GELU_VMID)), GELU_FAR), g)
-    t, n = _exp_reduced_product(o, y, o.mul(y, o.c(-0.5)))  # exp(-y^2/2), y^2 not rounded
+    t, n = exp_reduced_product(o, y, o.mul(y, o.c(-0.5)))  # exp(-y^2/2), y^2 not rounded
     m = o.fma(g, t, g)  # G (1 + t): one rounding, then powers of two (the subnormal range rounds once)
     if near:  # y <= 8: 2^n normal, the result too
         e = o.mul(m, o.pow2(n))
     else:
         n1 = o.half_int(n)
-        e = _times_pow2(o, m, n1, o.sub(n, n1))
+        e = times_pow2(o, m, n1, o.sub(n, n1))
     # max(x, 0) - E: x - E for x > 0, -E for x < 0 (+0 where E rounds to 0, as eager has it).
     tail = o.sub(o.select(o.gt(x, o.c(0.0)), x, o.c(0.0)), o.fence(e))  # fenced: as small's
     out = o.select(o.lt(o.abs(x), o.c(GELU_SMALL)), small, tail)
@@ -68,7 +68,7 @@ def tanh(o: Ops, x):
     and t 2^n exact, so each side rounds about once; where n = 0 (|x| < 0.17) this is
     -t / (2 + t), t = expm1(-2|x|) from the polynomial: no cancellation, tanh(x) = x for tiny x."""
     y = clamp_nan_through(o, o.abs(x), 0.0, TANH_ONE)
-    t, n = _exp_reduced(o, o.mul(y, o.c(-2.0)))
+    t, n = exp_reduced(o, o.mul(y, o.c(-2.0)))
     s = o.pow2(n)
     v = o.div(_one_plus(o, o.neg(s), o.neg(t), s), _one_plus(o, s, t, s))
     return o.select(o.isnan(x), x, o.copysign(v, x))
@@ -110,9 +110,9 @@ def gelu_tanh(o: Ops, x, near: bool = False):
     """x / (1 + exp(-w)), SiLU's quotient with the argument w = wh + wl (wl enters exp's reduction);
     x < -GT_FAR: x exp(wh) (1 + wl), x joining exp's mantissa; x > GT_FAR: x."""
     if near:
-        return _ratio(o, x, x, None, _gelu_tanh_arg(o, x), GT_FAR)
+        return exp_ratio(o, x, x, None, _gelu_tanh_arg(o, x), GT_FAR)
     xc = clamp_nan_through(o, x, -GT_CLAMP, GT_CLAMP)  # -inf: restored to NaN below
     wh, wl = _gelu_tanh_arg(o, xc)
     far = scaled_exp(o, clamp_nan_through(o, wh, -SILU_LO, 0.0), o.fma(xc, wl, xc))
-    y = _ratio(o, x, x, far, (wh, wl), GT_FAR)
+    y = exp_ratio(o, x, x, far, (wh, wl), GT_FAR)
     return o.select(o.lt(x, o.c(-FLT_MAX)), o.c(float("nan")), y)  # -inf * 0: NaN, as eager has it

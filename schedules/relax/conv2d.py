@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
-
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.ir import GenericConst
 from tvm.relax import PyExprMutator, expr_functor
 
 from microkernels import DEFAULT_TILES
@@ -48,229 +45,16 @@ from ..conv import (
     schedule,
     schedule_inverted,
 )
-from ..conv.geometry import depthwise
 from ..conv.op import Conv2dOp
 from . import exprs
+from .fusion import Conv, classify, fuse_chain
 from .groups import copy_func, regroup, ungroup
 
 LOG = logging.getLogger("tvm_microkernels.relax")
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
-_ADD = tvm.ir.Op.get("relax.add")
-_RELU = tvm.ir.Op.get("relax.nn.relu")
-# The vector math's activations a kernel's epilogue applies (microkernels.VECTOR_ACTIVATIONS).
-# Not fused by default: measured on the Zen 3 (AVX2), 1 thread, EfficientNet-B0's SiLUs in the
-# convs' epilogues made the model slower (15.67 -> 16.13 ms with the fused inverted blocks it
-# then pairs, 17.1 ms without them; its 112x112 1x1 conv + SiLU 1.21 ms fused, 1.10 ms as the
-# conv and the row kernel): the activation is bound by its arithmetic (0.52 ns a value either
-# way), so fusing saves no memory time worth having, and twelve inlined copies per tile (a
-# branch each for the near form) cost more than the row kernel's tight loop.
-FUSE_VECTOR_ACTIVATIONS = False
-_VECTOR_ACTS = {tvm.ir.Op.get(f"relax.{op}"): act for op, act in (
-    ("nn.silu", "silu"), ("sigmoid", "sigmoid"), ("nn.gelu", "gelu"), ("nn.gelu_tanh", "gelu_tanh"), ("tanh", "tanh"))}
-_CLIP = tvm.ir.Op.get("relax.clip")
-_MAX = tvm.ir.Op.get("relax.maximum")
-_MIN = tvm.ir.Op.get("relax.minimum")
-_MUL = tvm.ir.Op.get("relax.multiply")
-_DIVIDE = tvm.ir.Op.get("relax.divide")
 _LAYOUT_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
-
-
-@dataclass
-class _Conv:
-    """One conv2d we run, and what is fused into it."""
-
-    call: relax.Call
-    blocked: bool  # NCHW16c in and out (else NCHW, our layout transforms around it)
-    data_shape: tuple  # NCHW
-    weight_shape: tuple  # OIHW
-    bias: np.ndarray | None = None  # (O,)
-    residual: relax.Expr | None = None
-    activation: str | None = None
-    clip: tuple[float, float] = (0.0, 6.0)
-    skipped: list = field(default_factory=list)  # the fused bindings' vars
-
-    @property
-    def depthwise(self) -> bool:  # its kernel fuses bias and an activation, not a residual
-        return depthwise(self.data_shape[1], int(self.call.attrs.groups))
-
-
-def _attrs_ok(a, blocked: bool, block: int) -> bool:
-    want = (f"NCHW{block}c", f"OIHW{block}i{block}o", f"NCHW{block}c") if blocked else ("NCHW", "OIHW", "NCHW")
-    return (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == want and \
-        (a.out_dtype is None or str(a.out_dtype) in ("", "float32", "void"))
-
-
-def _lanes_blocked(a, block: int) -> bool:
-    """A depthwise conv, or one of narrow groups on the plain blocked layout, that ConvertLayout
-    blocked (pipeline._desired_layouts): its filters as (output blocks, C/groups, kh, kw, block)."""
-    return (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) == \
-        (f"NCHW{block}c", f"OIHW{block}o", f"NCHW{block}c") and (a.out_dtype is None or str(a.out_dtype) in ("", "float32", "void"))
-
-
-def _classify(call, block: int) -> tuple[_Conv | None, str]:
-    """Whether we run this conv2d, and why not when we do not."""
-    data, weight = call.args
-    a = call.attrs
-    ds, ws = exprs.shape(data), exprs.shape(weight)
-    if exprs.dtype(data) != "float32" or exprs.dtype(weight) != "float32":
-        return None, f"dtype {exprs.dtype(data)}/{exprs.dtype(weight)} (ours: float32)"
-    if ds is None or ws is None:
-        return None, "shapes not static"
-    groups = int(a.groups)
-    if len(ds) == 5 and _lanes_blocked(a, block):
-        if exprs.const(weight) is None:
-            return None, "blocked grouped conv2d whose weights are not constants (bind params)"
-        ob, cg, kh, kw, bo = ws
-        return _Conv(call, True, (ds[0], ds[1] * ds[4], ds[2], ds[3]), (ob * bo, cg, kh, kw)), ""
-    if len(ds) == 5 and _attrs_ok(a, True, block):
-        ob, _ib, kh, kw, _bi, bo = ws
-        c, o = ds[1] * ds[4], ob * bo
-        return _Conv(call, True, (ds[0], c, ds[2], ds[3]), (o, c // groups, kh, kw)), ""
-    if len(ds) == 4 and _attrs_ok(a, False, block):
-        # Depthwise and narrow groups (in the lanes, or tiling a block block-diagonally) run on ours,
-        # blocked; other groups (RegNetX's 24 channels) with each group padded to whole blocks.
-        if exprs.const(weight) is None:
-            return None, "NCHW conv2d whose weights are not constants (bind params)"
-        return _Conv(call, False, ds, ws), ""
-    return None, f"layouts {a.data_layout}/{a.kernel_layout}/{a.out_layout}"
-
-
-def _scalar(expr) -> float | None:
-    """A clip bound: a FloatImm/IntImm (bare or in a PrimValue), or a scalar constant tensor."""
-    if type(expr).__name__ == "PrimValue":
-        expr = expr.value
-    if isinstance(getattr(expr, "value", None), (int, float)) and not isinstance(expr, GenericConst):
-        return float(expr.value)
-    v = exprs.const(expr)
-    return float(v) if v is not None and v.size == 1 else None
-
-
-def _bias_vector(expr, conv: _Conv, block: int) -> np.ndarray | None:
-    """(O,) when `expr` is a constant that adds one value per output channel."""
-    v = exprs.const(expr)
-    if v is None or v.dtype != np.float32:
-        return None
-    o = conv.weight_shape[0]
-    if conv.blocked:
-        ob = -(-o // block)
-        if v.shape in ((1, ob, 1, 1, block), (ob, 1, 1, block)):
-            return v.reshape(ob * block)[:o]
-        return None
-    if v.shape in ((1, o, 1, 1), (o, 1, 1)):
-        return v.reshape(o)
-    return None
-
-
-def _winograd_candidate(conv: _Conv) -> bool:
-    """A layer algorithm="auto" may give Winograd (3x3, stride 1, no dilation, one group), whose
-    output transform applies ReLU and clips only: a vector-math activation after it stays a
-    row kernel of its own rather than turn the layer direct."""
-    a = conv.call.attrs
-    return (conv.weight_shape[2:] == (3, 3) and [int(v) for v in a.strides] == [1, 1]
-            and [int(v) for v in a.dilation] == [1, 1] and int(a.groups) == 1)
-
-
-def _fuse_chain(conv: _Conv, var, users: dict, uses: dict, block: int, claimed, algorithm: str = "auto") -> relax.Var:
-    """Extend `conv` along its single-user chain of post-ops; return the chain's last var.
-    A binding another conv's chain has taken (the add joining two conv branches) stops it."""
-    cur = var
-    vector_acts = algorithm == "direct" or not _winograd_candidate(conv)
-    while uses.get(cur, 0) == 1 and cur in users:
-        nxt, value = users[cur]
-        if nxt in claimed:
-            break
-        act = next((a for op, a in _VECTOR_ACTS.items() if exprs.is_call(value, op)), None)
-        if act is not None and conv.activation is None and vector_acts and FUSE_VECTOR_ACTIVATIONS:
-            conv.activation = act
-            conv.skipped.append(cur)
-            cur = nxt
-            continue
-        if exprs.is_call(value, _ADD) and conv.residual is None and conv.activation is None:
-            a, b = value.args
-            other = b if a.same_as(cur) else a if b.same_as(cur) else None
-            if other is None or other.same_as(cur):
-                break
-            bias = _bias_vector(other, conv, block)
-            if bias is not None and conv.bias is None:
-                conv.bias = bias
-            elif (exprs.shape(other) == exprs.shape(cur) and exprs.dtype(other) == "float32" and exprs.const(other) is None
-                  and not conv.depthwise):
-                conv.residual = other
-            else:
-                break
-        elif exprs.is_call(value, _RELU) and conv.activation is None:
-            conv.activation = "relu"
-        elif exprs.is_call(value, _MAX) and conv.activation is None and _scalar(value.args[1]) is not None:
-            # A clip arrives as maximum then minimum (_split_clips); a bare maximum with 0 is a ReLU.
-            lo = _scalar(value.args[1])
-            after = users.get(nxt) if uses.get(nxt, 0) == 1 else None
-            hi = _scalar(after[1].args[1]) if after and exprs.is_call(after[1], _MIN) and after[0] not in claimed else None
-            if hi is not None and lo < hi:
-                conv.activation, conv.clip = "clip", (lo, hi)
-                conv.skipped.append(cur)
-                cur = nxt
-                nxt = after[0]
-            elif lo == 0.0:
-                conv.activation = "relu"
-            else:
-                break
-        else:
-            break
-        conv.skipped.append(cur)
-        cur = nxt
-    end = _hardswish(conv, cur, users, uses, claimed) if vector_acts else None
-    return cur if end is None else end
-
-
-# hardswish as the torch frontend writes it, x * (clip(x + 3, 0, 6) / 6) with the clip split
-# (SplitClips): the ops from x to the divide, each with its constant.
-_HARDSWISH = ((_ADD, 3.0), (_MAX, 0.0), (_MIN, 6.0), (_DIVIDE, 6.0))
-
-
-def _hardswish(conv: _Conv, cur, users: dict, uses: dict, claimed) -> relax.Var | None:
-    """The var of `cur * (clip(cur + 3, 0, 6) / 6)` (MobileNetV3's hardswish after a conv), whose
-    chain then joins conv's post-ops as activation "hardswish"; None where cur is not so used.
-    Four cheap operations a vector: fused, they spare a pass over the map (the vector math's
-    SiLU or GELU, bound by their arithmetic, do not pay so: FUSE_VECTOR_ACTIVATIONS)."""
-    if conv.activation is not None or uses.get(cur, 0) != 2:
-        return None
-    chain, v = [], cur
-    for op, k in _HARDSWISH:
-        nxt, value = users.get(v, (None, None))
-        if nxt is None or nxt in claimed or not exprs.is_call(value, op) or not value.args[0].same_as(v) \
-                or _scalar(value.args[1]) != k or uses.get(nxt, 0) != 1:
-            return None
-        chain.append(v)
-        v = nxt
-    end, value = users.get(v, (None, None))
-    if end is None or end in claimed or not exprs.is_call(value, _MUL):
-        return None
-    a, b = value.args
-    if not ((a.same_as(cur) and b.same_as(v)) or (a.same_as(v) and b.same_as(cur))):
-        return None
-    conv.activation = "hardswish"
-    conv.skipped.extend(chain + [v])
-    return end
-
-
-@expr_functor.mutator
-class SplitClips(PyExprMutator):
-    """clip(x, lo, hi) with constant bounds -> minimum(maximum(x, lo), hi). ConvertLayout has no
-    layout rule for clip and would un-block the tensor around it; it carries these two
-    elementwise ops through the blocked layout, and the fusion folds them back into a clip."""
-
-    def visit_call_(self, call):
-        call = super().visit_call_(call)
-        if not exprs.is_call(call, _CLIP) or exprs.dtype(call.args[0]) != "float32":
-            return call
-        lo, hi = (_scalar(b) for b in call.args[1:])
-        if lo is None or hi is None:
-            return call
-        x = call.args[0]
-        low = self.builder_.emit(relax.op.maximum(x, relax.const(np.float32(lo))))
-        return relax.op.minimum(low, relax.const(np.float32(hi)))
 
 
 @expr_functor.mutator
@@ -281,13 +65,13 @@ class _Swap(PyExprMutator):
         self.autotune = autotune
         self.block = DEFAULT_TILES[resolve(target).name][1]
         self.funcs: dict = {}  # (schedule key) -> GlobalVar
-        self.ends: dict = {}  # chain-end var -> _Conv
+        self.ends: dict = {}  # chain-end var -> Conv
         self.kept: dict = {}  # var of a conv left to TVM -> why
         self.skip: set = set()
         # NCHW var -> (our blocked output it was unblocked from, block, channels), where that
         # output's padding lanes are zeros: blocking the var again is that output itself.
         self.blocked: dict = {}
-        self.expands: dict = {}  # a depthwise conv's chain-end var -> the expand _Conv fused into it
+        self.expands: dict = {}  # a depthwise conv's chain-end var -> the expand Conv fused into it
         self.ready: dict = {}  # schedule request -> its result, made up front (_prefetch)
 
     def plan(self, func: relax.Function) -> None:
@@ -300,12 +84,12 @@ class _Swap(PyExprMutator):
             for b in blk.bindings:
                 if not exprs.is_call(b.value, _CONV2D) or b.var in self.skip:
                     continue
-                conv, why = _classify(b.value, self.block)
+                conv, why = classify(b.value, self.block)
                 if conv is None:
                     self.kept[b.var] = why  # logged when visited, so the report follows the model
                     continue
                 claimed = self.skip.union(self.ends)
-                end = _fuse_chain(conv, b.var, users, uses, self.block, claimed, self.algorithm) if self.fuse else b.var
+                end = fuse_chain(conv, b.var, users, uses, self.block, claimed, self.algorithm) if self.fuse else b.var
                 self.skip.update(conv.skipped)
                 self.ends[end] = conv
             if self.fuse:
@@ -380,7 +164,7 @@ class _Swap(PyExprMutator):
         Winograd needs constant weights, which it transforms at compile time."""
         return self.algorithm if weight is not None else "direct"
 
-    def _request(self, conv: _Conv, algorithm: str) -> tuple:
+    def _request(self, conv: Conv, algorithm: str) -> tuple:
         a = conv.call.attrs
         params = ConvParams(conv.data_shape, conv.weight_shape, [int(s) for s in a.strides],
                             [int(p) for p in a.padding], [int(d) for d in a.dilation], int(a.groups))
@@ -390,18 +174,18 @@ class _Swap(PyExprMutator):
         params, post, algorithm = req
         return schedule(params, post_ops=post, target=self.target, algorithm=algorithm, threads=self.threads)
 
-    def _schedule(self, conv: _Conv, algorithm: str):
+    def _schedule(self, conv: Conv, algorithm: str):
         req = self._request(conv, algorithm)
         s = self.ready.get(req)
         return s if s is not None else self._make(req)
 
-    def _inverted_request(self, ex: _Conv, dw: _Conv) -> tuple:
+    def _inverted_request(self, ex: Conv, dw: Conv) -> tuple:
         post_e = PostOps(ex.bias is not None, False, ex.activation, ex.clip)
         post_d = PostOps(dw.bias is not None, False, dw.activation, dw.clip)
         return (ex.data_shape, ex.weight_shape, dw.weight_shape, int(dw.call.attrs.strides[0]), post_e, post_d,
                 self.target)
 
-    def _lower(self, conv: _Conv, var) -> relax.Expr:
+    def _lower(self, conv: Conv, var) -> relax.Expr:
         """conv's chain as a call of our PrimFunc, held in `var` (NCHW convs: _unblocked)."""
         data, weight = (self.visit_expr(x) for x in conv.call.args)
         w_const = exprs.const(weight)
@@ -469,7 +253,7 @@ class _Swap(PyExprMutator):
             y = relax.op.strided_slice(self.builder_.emit(y), axes=[1], begin=[0], end=[channels])
         return y
 
-    def _lower_inverted(self, ex: _Conv, dw: _Conv, var) -> relax.Expr:
+    def _lower_inverted(self, ex: Conv, dw: Conv, var) -> relax.Expr:
         """The expand conv `ex` and the depthwise conv `dw` as one call of the fused block."""
         data, we = (self.visit_expr(x) for x in ex.call.args)
         wd = exprs.const(self.visit_expr(dw.call.args[1]))
@@ -580,7 +364,7 @@ def _group_padded(cls, g: Geometry) -> bool:
     return g.groups > 1 and cls is Conv2dOp
 
 
-def _fusable_depthwise(dw: _Conv) -> bool:
+def _fusable_depthwise(dw: Conv) -> bool:
     """A depthwise conv the fused block takes: NCHW (ConvertLayout leaves these so), multiplier
     1, K = 3 or 5 square, padding K // 2, the same stride 1 or 2 both ways, no dilation."""
     a = dw.call.attrs
@@ -591,7 +375,7 @@ def _fusable_depthwise(dw: _Conv) -> bool:
             and strides[0] == strides[1] and strides[0] in (1, 2) and dw.residual is None)
 
 
-def _fusable_expand(ex: _Conv, dw: _Conv) -> bool:
+def _fusable_expand(ex: Conv, dw: Conv) -> bool:
     """A 1x1, stride-1, unpadded, ungrouped conv with constant weights whose output is the
     depthwise conv's input, with a bias and an activation at most."""
     a = ex.call.attrs

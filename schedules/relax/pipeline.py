@@ -52,7 +52,8 @@ from .batchnorm import fold_batch_norm
 from .cancel import cancel_transforms
 from .channels import pad_channels
 from .codegen import compile_model
-from .conv2d import LOG, SplitClips, swap
+from .conv2d import LOG, swap
+from .fusion import SplitClips
 from .fold import fold_layout_transforms, read_tuple_items
 from .int8 import qdq_convs
 from .linear import swap_matmuls

@@ -728,11 +728,11 @@ def test_any_group_width_runs_on_our_kernels(c, o, groups, stride, residual):
 
 
 def test_vector_math_activations_fuse_into_the_convs_when_asked(monkeypatch):
-    """conv2d.FUSE_VECTOR_ACTIVATIONS (off: measured slower on the Zen 3, its comment): on, a
+    """fusion.FUSE_VECTOR_ACTIVATIONS (off: measured slower on the Zen 3, its comment): on, a
     1x1 conv + bias + SiLU and a depthwise conv + bias + sigmoid take them into their stores
     (no row kernel left), while a 3x3 stride-1 conv, a Winograd candidate, keeps its SiLU apart;
     values as TVM's own build. Off, every activation is a row kernel of its own."""
-    from schedules.relax import conv2d as relax_conv2d
+    from schedules.relax import fusion
 
     rng = np.random.default_rng(12)
     w = lambda *s: relax.const((rng.standard_normal(s) * 0.3).astype(np.float32))
@@ -749,7 +749,7 @@ def test_vector_math_activations_fuse_into_the_convs_when_asked(monkeypatch):
     mod = bb.get()
     xv = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
     for fuse in (False, True):
-        monkeypatch.setattr(relax_conv2d, "FUSE_VECTOR_ACTIVATIONS", fuse)
+        monkeypatch.setattr(fusion, "FUSE_VECTOR_ACTIVATIONS", fuse)
         report = []
         opt = mkrelax.optimize(mod, HOST, report=report, lower=False)
         posts = [r["post_ops"] for r in convs(report)]

@@ -176,6 +176,14 @@ def max_tiles(isa: Isa) -> list[tuple[int, int]]:
 # NR = 16 is the NCHW16c block of the convolutions; llvm-mca puts it at 96% of the FMA ports.
 DEFAULT_TILES = {"avx2": (6, 16), "avx512": (28, 16)}
 
+# The tile of a one-vector output block, for grouped convs whose groups the default block pads
+# more (schedules.conv.dispatch.tile_for): RegNetX's 24 channels a group are 3 blocks of 8 on
+# AVX2, against 2 of 16 whose padding makes (32/24)^2 = 1.78x the multiply-adds. 14 accumulators
+# beside the B vector and the broadcast: measured on the Zen 3 against 12x8 and 8x8 (RegNetX-1.6GF's
+# grouped 3x3s 75-87 GFLOP/s of real work, 43-53 on 6x16 with the padding). AVX-512's vector is
+# the 16-channel block itself: none.
+NARROW_TILES = {"avx2": (14, 8)}
+
 # The plain matmul's tiles (schedules.matmul) per ISA: (MR, NR, the share of the FMA peak the
 # tile reached L1-resident on the Zen 5 host, best of three). schedules.matmul.plan weighs
 # them per shape: padding N to whole tiles, and for the rows MR does not divide, a packed A

@@ -231,7 +231,7 @@ class _Swap(PyExprMutator):
         self._log(conv.call, "ours", why, s.plan.algorithm, s.post)
         out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
         if padded:
-            return self._from_group_blocked(out, g.groups, g.og, g.ob, g.block, g.o, var)
+            return self._from_group_blocked(out, g.groups, g.og, g.ob, g.o, var)
         return out if conv.blocked else self._unblocked(out, g.o, s.post, var)
 
     def _unblocked(self, out: relax.Call, channels: int, post: PostOps, var) -> relax.Expr:
@@ -298,14 +298,15 @@ class _Swap(PyExprMutator):
     def _to_group_blocked(self, x, groups: int, per: int, blocks: int, block: int, channels: int):
         """NCHW x, `groups` groups of `per` channels, as blocks: each group padded with zero channels
         to `blocks` whole blocks of `block` (the layout a grouped conv's blocked data and output take
-        when its groups are not whole blocks: Geometry.data_shape / out_shape). One pass from the
-        plain blocked tensor when a conv of ours made x (its padded lanes are never read)."""
+        when its groups are not whole blocks: Geometry.data_shape / out_shape; `block` may be the
+        narrow tile's, dispatch.tile_for). One pass from the plain blocked tensor when a conv of
+        ours made x (its padded lanes are never read)."""
         made = self.blocked.get(x)
-        if made is not None and made[1:] == (block, channels):
-            return self._copy(regroup, made[0], groups, per, blocks)
-        source = self._sliced_blocked(x, block, channels)
+        if made is not None and made[2] == channels:
+            return self._copy(regroup, made[0], groups, per, blocks, block)
+        source = self._sliced_blocked(x, self.block, channels)
         if source is not None:
-            return self._copy(regroup, source, groups, per, blocks)
+            return self._copy(regroup, source, groups, per, blocks, block)
         n, _, h, w = exprs.shape(x)
         y = self.builder_.emit(relax.op.reshape(x, (n, groups, per, h, w)))
         y = self.builder_.emit(relax.op.nn.pad(y, [0, 0, 0, 0, 0, blocks * block - per, 0, 0, 0, 0]))
@@ -349,12 +350,13 @@ class _Swap(PyExprMutator):
         y = self.builder_.emit(relax.call_tir(gv, [x], relax.TensorType(shape, "float32")))
         return y if len(shape) == 5 else self.builder_.emit(relax.op.reshape(y, (*shape[:4], shape[4] * shape[5])))
 
-    def _from_group_blocked(self, y, groups: int, per: int, blocks: int, block: int, channels: int, var):
-        """_to_group_blocked's layout back: one pass to the plain blocked layout (padding lanes
-        zero), which the next conv of ours takes as it is, and the NCHW tensor `var` holds."""
-        plain = self._copy(ungroup, self.builder_.emit(y), groups, per, blocks, channels)
-        self.blocked[var] = (plain, block, channels)
-        return self._nchw(plain, block, channels)
+    def _from_group_blocked(self, y, groups: int, per: int, blocks: int, channels: int, var):
+        """_to_group_blocked's layout back: one pass to the plain blocked layout of the graph's
+        block (padding lanes zero), which the next conv of ours takes as it is, and the NCHW tensor
+        `var` holds."""
+        plain = self._copy(ungroup, self.builder_.emit(y), groups, per, blocks, channels, self.block)
+        self.blocked[var] = (plain, self.block, channels)
+        return self._nchw(plain, self.block, channels)
 
 
 def _group_padded(cls, g: Geometry) -> bool:

@@ -74,6 +74,26 @@ def test_each_grouped_layout_takes_its_path(ds, ws, groups, want):
         assert op.layer.groups == groups and op.geometry.groups < groups
 
 
+@pytest.mark.parametrize("isa", X86, ids=X86_IDS)
+@pytest.mark.parametrize("cg, og, stride", [(24, 24, 1), (24, 24, 2), (40, 80, 1), (20, 20, 1), (24, 5, 1), (32, 32, 1)],
+                         ids=["regnetx_24", "regnetx_24_s2", "40_to_80", "20", "24_to_5", "32"])
+def test_groups_the_narrow_tile_pads_less_take_it(isa, cg, og, stride):
+    """Groups wider than a block whose channels 8-lane blocks pad less (dispatch.tile_for) run
+    on AVX2's narrow tile, 8-channel blocks: RegNetX's 24 as 3 blocks, not 2 of 16 (1.78x the
+    multiply-adds); 20 as 3 blocks of 8; 5 outputs a group as one. Whole 16-blocks (32) and AVX-512 (whose vector is the
+    16-channel block) keep the default block; on AVX-512 this checks only that it does."""
+    groups = 3
+    ds, ws = (1, cg * groups, 9, 10), (og * groups, cg, 3, 3)
+    op = schedules.conv2d(ds, ws, groups=groups, stride=stride, padding=1, algorithm="direct", **on(isa))
+    narrow = isa.name == "avx2" and cg != 32
+    block = 8 if narrow else 16
+    assert path(op) == "padded groups" and op.blocked_data_shape[-1] == block, (op.blocked_data_shape, op.plan)
+    assert op.blocked_out_shape[1] == groups * -(-og // block), op.blocked_out_shape
+    rng = np.random.default_rng(cg + og)
+    x, w = rng.standard_normal(ds, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    assert_conv_close(op(x, w), x, w, stride=stride, padding=1, groups=groups)
+
+
 @st.composite
 def lane_layers(draw):
     cg = draw(st.sampled_from([2, 4, 8]))

@@ -17,6 +17,10 @@ Loop nest, outer to inner:
                   the post-ops, and every call prefetches the next chunk's weights
     row, tile   : the tiles of one output row; a row that MR does not divide ends in one or two
                   narrower tiles (never MR = 1 unless the row is one pixel wide)
+A 1x1, stride-1, unpadded layer runs each band as one row of band_rows x width pixels (flat):
+in NCHWc those pixels follow one another in memory, so the tiles run along the whole band
+instead of stopping at each row's end (a 7-wide row took a 4- and a 3-pixel tile, 14 a 2-pixel
+one; measured on the Zen 3, flat was 8-28% faster on 7x7 and 14x14 maps).
 Threads split the bands when the input is larger than L2 (each thread packs its own bands),
 and the output-channel blocks otherwise.
 """
@@ -276,17 +280,46 @@ def band_shape(g: Geometry, vh: int) -> tuple:
     return (g.groups * g.nb, g.input_rows(vh), g.input_cols(g.out_hw[1]), g.bi)
 
 
+def flat_rows(g: Geometry, vh: int) -> int | None:
+    """Pixels of a band as one row (vh rows of the output's width) where the layer is 1x1,
+    stride 1 and unpadded and the rows are more than one pixel wide; else None (module doc)."""
+    if (g.kh, g.kw) != (1, 1) or g.stride != (1, 1) or g.padded or g.out_hw[1] == 1:
+        return None
+    return vh * g.out_hw[1]
+
+
+def flattened(g: Geometry, vh: int) -> Geometry:
+    """g with each band of vh rows as one row: the same memory, a different shape."""
+    return replace(g, h=g.h // vh, w=vh * g.w)
+
+
+def _params(g: Geometry, post: PostOps, outer: Geometry | None) -> list[str]:
+    """The entry function's parameters, then (flat) the views of the layer's tensors as the
+    flattened geometry g shapes them."""
+    if outer is None:
+        return header([buffer("D", g.data_shape), buffer("Wt", g.weight_shape), *post_params(post, g),
+                       buffer("Out", g.out_shape)])
+    views = [("D", g.data_shape)] + ([("Res", g.out_shape)] if post.residual else []) + [("Out", g.out_shape)]
+    params = [buffer("D_", outer.data_shape), buffer("Wt", g.weight_shape)] + \
+        ([buffer("Bias", g.bias_shape)] if post.bias else []) + \
+        ([buffer("Res_", outer.out_shape)] if post.residual else []) + [buffer("Out_", outer.out_shape)]
+    return header(params) + [f"    {name} = T.decl_buffer({tuple(shape)}, 'float32', data={name}_.data)"
+                             for name, shape in views]
+
+
 def render(g: Geometry, isa: Isa, mr: int, vh: int, band_parallel: bool, post: PostOps,
-           blocks: int = 1, chunk: int | None = None) -> tuple[list[str], list[tuple[str, ConvTile]]]:
+           blocks: int = 1, chunk: int | None = None, outer: Geometry | None = None
+           ) -> tuple[list[str], list[tuple[str, ConvTile]]]:
     """TVMScript lines of the whole layer, and the (block name, tile) pairs to tensorize. blocks:
     output blocks per tile (output_blocks); chunk: input-channel blocks per reduction chunk
-    (chunk_blocks; None: the whole reduction in one call)."""
+    (chunk_blocks; None: the whole reduction in one call); outer: the layer's own geometry
+    when g is its flattened form (flat_rows), whose shapes the function's parameters keep."""
     chunk = chunk or g.nb
     oh, ow = g.out_hw
     (sh, sw), (dh, dw) = g.stride, g.dilation
     nbands = oh // vh
     bi, bo = g.bi, g.block
-    L = header([buffer("D", g.data_shape), buffer("Wt", g.weight_shape), *post_params(post, g), buffer("Out", g.out_shape)])
+    L = _params(g, post, outer)
     L += [
         f"    for n, yb in T.grid({g.n}, {nbands}):" if not band_parallel
         else f"    for nyb in T.parallel({g.n * nbands}):",
@@ -333,7 +366,13 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     check_elements(data=g.data_shape, weight=g.weight_shape, output=g.out_shape,
                    band=band_shape(g, vh))
     chunk = chunk_blocks(g, blocks, vh, blocking.l1)
-    lines, tiles = render(g, isa, mr, vh, band_parallel, post, blocks, chunk)
+    flat = flat_rows(g, vh)
+    if flat:
+        layer, g = g, flattened(g, vh)
+        blocks = blocks if blocks == 1 or two_blocks_fit(g, isa, mr) else 1
+        lines, tiles = render(g, isa, mr, 1, band_parallel, post, blocks, chunk, outer=layer)
+    else:
+        lines, tiles = render(g, isa, mr, vh, band_parallel, post, blocks, chunk)
     sch = s_tir.Schedule(parse(lines))
     for name, tile in tiles:
         loops = sch.get_loops(sch.get_sblock(name))
@@ -341,5 +380,5 @@ def schedule(g: Geometry, isa: Isa, mr: int, post: PostOps, blocking: ConvBlocki
     if g.padded:
         sch.vectorize(sch.get_loops(sch.get_sblock("pack"))[-1])
     plan = DirectPlan("direct", reason, mr=mr, output_blocks=blocks, band_rows=vh, band_parallel=band_parallel,
-                      segments=segments(g.out_hw[1], mr), chunk=chunk if chunk < g.nb else None)
+                      segments=segments(g.out_hw[1], mr), chunk=chunk if chunk < g.nb else None, flat_rows=flat)
     return sch.mod, plan

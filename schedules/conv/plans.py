@@ -58,6 +58,7 @@ class DirectPlan(Plan):
     segments: list  # (first column, tiles, MR) runs covering one output row
     block_diagonal: str | None = None  # grouped layers run as wider groups: what became what
     chunk: int | None = None  # input-channel blocks per reduction chunk (direct.chunk_blocks); None: all
+    flat_rows: int | None = None  # a 1x1 stride-1 layer's band as one row of this many pixels (segments cover it)
 
 
 @dataclass(frozen=True)

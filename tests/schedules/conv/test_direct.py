@@ -25,8 +25,15 @@ def _inputs(rng, data_shape, weight_shape):
             rng.standard_normal(weight_shape, dtype=np.float32))
 
 
-def _check_segments(op, ow):
-    """The plan's tiles cover one output row exactly, and none has MR = 1 unless OW == 1."""
+def _check_segments(op, ow, conv):
+    """The plan's tiles cover one output row exactly (a 1x1 stride-1 unpadded layer's band of
+    band_rows rows as one flat row, and only such a layer's), and none has MR = 1 unless OW == 1."""
+    flat = op.plan.get("flat_rows")
+    k, stride, pad = op.geometry.kh * op.geometry.kw, op.geometry.stride, op.geometry.padded
+    assert (flat is not None) == (k == 1 and stride == (1, 1) and not pad and ow > 1), (op.plan, conv)
+    if flat is not None:
+        assert flat == op.plan["band_rows"] * ow, op.plan
+        ow = flat
     col = 0
     for start, count, mr in op.plan["segments"]:
         assert start == col, op.plan["segments"]
@@ -43,7 +50,7 @@ def run_and_check(rng, data_shape, weight_shape, threads=None, **conv):
     if op.plan["algorithm"] == "depthwise":  # one kernel call per output row: no tile segments
         assert conv.get("groups", 1) == data_shape[1] and weight_shape[1] == 1, op.plan
     else:
-        _check_segments(op, out.shape[3])
+        _check_segments(op, out.shape[3], conv)
     return op, x, w, out
 
 

@@ -17,8 +17,11 @@ function's name; "runs_on" is "ours", "tvm" or "view", a reshape that copies not
     layer whose channels are not whole blocks (MobileNetV2's 24) hands its padded blocked
     output to the next of ours directly when the padding lanes hold zeros;
   - any other grouped conv (RegNetX's 24 channels per group, 12, 20, 16 in and 8 out, ...):
-    ours, direct, each group's inputs and outputs padded with zero channels to whole blocks,
-    between transforms of its own (reshape, pad, block; and back);
+    ours, direct, each group's inputs and outputs padded with zero channels to whole blocks
+    (of the narrow tile's 8 on AVX2 where those pad less); from and to the graph's blocked
+    tensors in one scheduled copy each way (groups.py) where ConvertLayout blocked it (groups
+    wider than a block on whole-block maps: RegNetY-1.6GF's 24 on 336) or a conv of ours made
+    its input, else between transforms of its own (reshape, pad, block; and back);
   - anything else (non-float32, symbolic shapes, weights that are not constants on the NCHW
     path): TVM's default lowering, in NCHW, so the model still builds.
 """
@@ -195,7 +198,10 @@ class _Swap(PyExprMutator):
         # Weights: ConvertLayout + FoldConstant already packed a blocked conv's into our layout,
         # but for Winograd's and the OIHW16o filters of depthwise and narrow groups.
         repack = s.plan.algorithm == "winograd" or not conv.blocked or (w_const is not None and w_const.ndim == 5)
-        if conv.blocked and (tuple(op.blocked_data_shape) != exprs.shape(data)
+        # Groups wider than a block, not whole blocks, that ConvertLayout blocked (pipeline): run
+        # in their own group layout, one scheduled copy each way from and to the graph's blocks.
+        regrouped = conv.blocked and _group_padded(s.cls, g)
+        if conv.blocked and not regrouped and (tuple(op.blocked_data_shape) != exprs.shape(data)
                              or (s.plan.algorithm == "direct" and not repack and tuple(g.weight_shape) != exprs.shape(weight))):
             raise AssertionError(f"ConvertLayout's blocked shapes {exprs.shape(data)}, {exprs.shape(weight)} are not ours "
                                  f"{op.blocked_data_shape}, {g.weight_shape}")
@@ -203,7 +209,9 @@ class _Swap(PyExprMutator):
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
         padded = not conv.blocked and _group_padded(s.cls, g)
-        if conv.blocked:
+        if regrouped:
+            args = [self._copy(regroup, data, g.groups, g.cg, g.nb, g.bi)]
+        elif conv.blocked:
             args = [data]
         elif padded:
             args = [self._to_group_blocked(data, g.groups, g.cg, g.nb, g.bi, g.c)]
@@ -214,7 +222,9 @@ class _Swap(PyExprMutator):
             args.append(relax.const(op.pack_bias(conv.bias.astype(np.float32))))
         if conv.residual is not None:
             res = self.visit_expr(conv.residual)
-            if not conv.blocked:
+            if regrouped:
+                res = self._copy(regroup, res, g.groups, g.og, g.ob, g.block)
+            elif not conv.blocked:
                 res = self._to_group_blocked(res, g.groups, g.og, g.ob, g.block, g.o) if padded \
                     else self._to_blocked(res, g.block, g.o)
             args.append(res)
@@ -230,6 +240,8 @@ class _Swap(PyExprMutator):
               f"{'' if s.plan.source == 'defaults' else ', plan ' + s.plan.source}"
         self._log(conv.call, "ours", why, s.plan.algorithm, s.post)
         out = relax.call_tir(gv, args, relax.TensorType(op.blocked_out_shape, "float32"))
+        if regrouped:
+            return self._copy(ungroup, self.builder_.emit(out), g.groups, g.og, g.ob, g.o, self.block)
         if padded:
             return self._from_group_blocked(out, g.groups, g.og, g.ob, g.o, var)
         return out if conv.blocked else self._unblocked(out, g.o, s.post, var)

@@ -120,6 +120,11 @@ def _desired_layouts(call: relax.Call, block: int) -> dict:
             # 4): filters blocked by output channel alone (conv2d.py repacks them), so what runs
             # between it and its neighbours stays blocked too.
             return {name: [f"NCHW{block}c", f"OIHW{block}o"]}
+        if groups > 1 and c % block == 0 and o % block == 0 and c // groups > block:
+            # Groups wider than a block that are not whole blocks (RegNetY-1.6GF's 24 channels on
+            # 336) on whole-block maps: blocked like the narrow groups above, so the ops around
+            # them stay blocked; conv2d.py regroups the blocked tensor into its own layout.
+            return {name: [f"NCHW{block}c", f"OIHW{block}o"]}
         if groups > 1 and ((c // groups) % block or (o // groups) % block):
             # Groups that are not whole blocks in and out: conv2d.py packs them its own way (TVM's
             # rule would block one whose inputs are whole blocks but outputs are not, mixing groups

@@ -181,3 +181,38 @@ def test_grouped_convs_take_the_padding_as_whole_groups(c, cg):
     regroups = [n for n in call_tirs(opt) if n.startswith("mk_regroup")]
     assert len(regroups) == (0 if whole or cg % 16 == 0 or 16 % cg == 0 else 1), call_tirs(opt)
     close(run(lowered(opt), xv), run(mod, xv))
+
+
+def test_wide_groups_on_whole_block_maps_stay_blocked():
+    """Groups of 24 on 96 channels (RegNetY-1.6GF's on 336): ConvertLayout blocks the grouped
+    conv (pipeline._desired_layouts), so its squeeze-and-excitation, the multiply and the
+    residual add run blocked; each grouped conv reads and writes the graph's blocked tensors
+    through one scheduled copy each way into its own group layout (8-channel blocks on AVX2,
+    16 on AVX-512: this covers the host's). Two layout transforms are left, at the model's
+    edges; before, six. Values as TVM's own build."""
+    rng = np.random.default_rng(3)
+    c, cg = 96, 24
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 10, 10), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y0 = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, _w(rng, c, 32, 1, 1)))))
+            y = bb.emit(relax.op.nn.conv2d(y0, _w(rng, c, cg, 3, 3), padding=1, groups=c // cg))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, _w(rng, 1, c, 1, 1)))))
+            s = bb.emit(relax.op.mean(y, axis=[2, 3], keepdims=True))
+            s = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(s, _w(rng, 8, c, 1, 1)))))
+            s = bb.emit(relax.op.sigmoid(bb.emit(relax.op.nn.conv2d(s, _w(rng, c, 8, 1, 1)))))
+            y = bb.emit(relax.op.multiply(y, s))
+            y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(y, _w(rng, c, cg, 3, 3), padding=1, groups=c // cg)), y0))
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(y, _w(rng, 16, c, 1, 1))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    xv = rng.standard_normal((1, 32, 10, 10)).astype(np.float32)
+    report = []
+    opt = mkrelax.optimize(mod, HOST, report=report, lower=False)
+    assert [r["runs_on"] for r in convs(report)] == ["ours"] * 6, report
+    assert [r["post_ops"] for r in convs(report)][4] == "residual", report
+    assert calls(opt, "relax.layout_transform") == 2, calls(opt, "relax.layout_transform")
+    copies = [n for n in call_tirs(opt) if n.startswith(("mk_regroup", "mk_ungroup"))]
+    assert len(copies) == 5, copies  # in and out of each grouped conv, and the residual in
+    close(run(lowered(opt), xv), run(mod, xv))

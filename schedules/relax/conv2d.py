@@ -200,7 +200,8 @@ class _Swap(PyExprMutator):
         repack = s.plan.algorithm == "winograd" or not conv.blocked or (w_const is not None and w_const.ndim == 5)
         # Groups wider than a block, not whole blocks, that ConvertLayout blocked (pipeline): run
         # in their own group layout, one scheduled copy each way from and to the graph's blocks.
-        regrouped = conv.blocked and _group_padded(s.cls, g)
+        own = _group_padded(s.cls, g, self.block)  # the group layout is not the graph's blocks
+        regrouped, padded = conv.blocked and own, not conv.blocked and own
         if conv.blocked and not regrouped and (tuple(op.blocked_data_shape) != exprs.shape(data)
                              or (s.plan.algorithm == "direct" and not repack and tuple(g.weight_shape) != exprs.shape(weight))):
             raise AssertionError(f"ConvertLayout's blocked shapes {exprs.shape(data)}, {exprs.shape(weight)} are not ours "
@@ -208,7 +209,6 @@ class _Swap(PyExprMutator):
         if repack:
             oihw = w_const if not conv.blocked else _unblock_weights(w_const, g)
             weight = relax.const(op.pack_weights(oihw))
-        padded = not conv.blocked and _group_padded(s.cls, g)
         if regrouped:
             args = [self._copy(regroup, data, g.groups, g.cg, g.nb, g.bi)]
         elif conv.blocked:
@@ -371,11 +371,13 @@ class _Swap(PyExprMutator):
         return self._nchw(plain, self.block, channels)
 
 
-def _group_padded(cls, g: Geometry) -> bool:
-    """A grouped conv on the direct family, whose blocked layouts pad each group to whole blocks
-    (Geometry's data and output shapes), where the depthwise family and the block-diagonal form
-    (grouped.py) take the plain blocked layout of all the channels."""
-    return g.groups > 1 and cls is Conv2dOp
+def _group_padded(cls, g: Geometry, block: int) -> bool:
+    """A grouped conv on the direct family whose blocked layouts (Geometry's data and output
+    shapes) are not the graph's plain layout of `block`-channel blocks: each group padded to
+    whole blocks, or blocks of the narrow tile's width. The depthwise family and the
+    block-diagonal form (grouped.py) take the plain blocked layout of all the channels, as do
+    groups of whole blocks (ResNeXt-50's 32 channels: the same layout, nothing to copy)."""
+    return g.groups > 1 and cls is Conv2dOp and bool(g.block != block or g.cg % block or g.og % block)
 
 
 def _fusable_depthwise(dw: Conv) -> bool:

@@ -113,19 +113,18 @@ def _desired_layouts(call: relax.Call, block: int) -> dict:
             and exprs.shape(call.args[0]) and exprs.shape(call.args[1]) \
             and (a.data_layout, a.kernel_layout) == ("NCHW", "OIHW"):
         c, o, groups = exprs.shape(call.args[0])[1], exprs.shape(call.args[1])[0], int(a.groups)
+        whole = (c // groups) % block == 0 and (o // groups) % block == 0  # groups of whole blocks in and out
         if groups > 1 and c % block == 0 and o % block == 0 and (
                 (groups == c == o and exprs.shape(call.args[1])[1] == 1)
-                or lane_groups(c, o, groups) or block_diagonal(c, o, groups, block)):
+                or lane_groups(c, o, groups) or block_diagonal(c, o, groups, block)
+                or (c // groups > block and not whole)):
             # Depthwise, or narrow groups on the plain blocked layout (RegNetY's 8 channels, ResNeXt's
             # 4): filters blocked by output channel alone (conv2d.py repacks them), so what runs
-            # between it and its neighbours stays blocked too.
+            # between it and its neighbours stays blocked too. Groups wider than a block that are
+            # not whole blocks (RegNetY-1.6GF's 24 channels on 336) likewise: conv2d.py regroups
+            # the blocked tensor into their own layout and back.
             return {name: [f"NCHW{block}c", f"OIHW{block}o"]}
-        if groups > 1 and c % block == 0 and o % block == 0 and c // groups > block:
-            # Groups wider than a block that are not whole blocks (RegNetY-1.6GF's 24 channels on
-            # 336) on whole-block maps: blocked like the narrow groups above, so the ops around
-            # them stay blocked; conv2d.py regroups the blocked tensor into its own layout.
-            return {name: [f"NCHW{block}c", f"OIHW{block}o"]}
-        if groups > 1 and ((c // groups) % block or (o // groups) % block):
+        if groups > 1 and not whole:
             # Groups that are not whole blocks in and out: conv2d.py packs them its own way (TVM's
             # rule would block one whose inputs are whole blocks but outputs are not, mixing groups
             # in an output block).

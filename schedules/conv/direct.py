@@ -300,9 +300,8 @@ def _params(g: Geometry, post: PostOps, outer: Geometry | None) -> list[str]:
         return header([buffer("D", g.data_shape), buffer("Wt", g.weight_shape), *post_params(post, g),
                        buffer("Out", g.out_shape)])
     views = [("D", g.data_shape)] + ([("Res", g.out_shape)] if post.residual else []) + [("Out", g.out_shape)]
-    params = [buffer("D_", outer.data_shape), buffer("Wt", g.weight_shape)] + \
-        ([buffer("Bias", g.bias_shape)] if post.bias else []) + \
-        ([buffer("Res_", outer.out_shape)] if post.residual else []) + [buffer("Out_", outer.out_shape)]
+    params = [buffer("D_", outer.data_shape), buffer("Wt", g.weight_shape), *post_params(post, outer, "Res_"),
+              buffer("Out_", outer.out_shape)]
     return header(params) + [f"    {name} = T.decl_buffer({tuple(shape)}, 'float32', data={name}_.data)"
                              for name, shape in views]
 

@@ -7,9 +7,10 @@ from ..common.tir import buffer, padded_pack
 from .geometry import Geometry, PostOps
 
 
-def post_params(post: PostOps, g: Geometry) -> list[str]:
-    """The post-ops' extra inputs, in the order a call passes them: bias, then residual."""
-    return ([buffer("Bias", g.bias_shape)] if post.bias else []) + ([buffer("Res", g.out_shape)] if post.residual else [])
+def post_params(post: PostOps, g: Geometry, residual: str = "Res") -> list[str]:
+    """The post-ops' extra inputs, in the order a call passes them: bias, then residual (named
+    `residual`: a parameter the function then views in another shape takes another name)."""
+    return ([buffer("Bias", g.bias_shape)] if post.bias else []) + ([buffer(residual, g.out_shape)] if post.residual else [])
 
 
 def post_reads(post: PostOps, g: Geometry, rows: int | None = None) -> str:

@@ -23,6 +23,7 @@ from microkernels import (
 )
 from microkernels.int_amx import AmxGemmKernel, AmxPeakKernel
 from microkernels.int_dot_peak import DotPeakKernel
+from microkernels.int_gemm import PAIR_OPS
 from microkernels.int_gemm import max_tiles as int_max_tiles
 from microkernels.isa import AMX_INT8
 from schedules.common.targets import require_host, set_threads
@@ -198,11 +199,11 @@ def _every_tile(isa: Isa, size: tuple, threads: int, a, b, number: int, repeat: 
     return got
 
 
-def measure_int_peak(isa: Isa, iters: int = 200_000, repeat: int = 5) -> float:
+def measure_int_peak(isa: Isa, iters: int = 200_000, repeat: int = 5, pairs: bool = False) -> float:
     """Integer GOP/s (multiply + add per MAC) of independent chains of `isa`'s integer tile
-    instruction (vpdpbusd, or vpmaddwd + vpaddd) on one thread: the integer tiles' peak,
-    measured as measure_peak measures the FP32 one."""
-    kern = DotPeakKernel(isa)
+    instruction (vpdpbusd, or vpmaddwd + vpaddd; pairs: vpmaddubsw + vpmaddwd by ones + vpaddd)
+    on one thread: the integer tiles' peak, measured as measure_peak measures the FP32 one."""
+    kern = DotPeakKernel(isa, pairs)
     return kern.ops(iters) / _probe_seconds(kern, iters, np.full(kern.io_words, 3, np.int32), repeat) / 1e9
 
 
@@ -258,23 +259,25 @@ def run_int(isas, log, sweep: bool = False) -> dict:
     f32 = best_host_isa()
     out["fp32_peak_gflops"] = fp32 = measure_peak(f32)
     log(f"FP32 FMA peak ({f32.name}), 1 thread: {fp32:.1f} GFLOP/s")
-    for isa in isas:
-        peak = measure_int_peak(isa)
-        kern = DotPeakKernel(isa)
-        log(f"ISA {isa.name}: measured {'vpdpbusd' if kern.op == 'u8s8' else 'vpmaddwd+vpaddd'} peak, 1 thread: "
-            f"{peak:.1f} GOP/s ({peak / fp32:.2f}x the FP32 peak)")
+    names = {"u8s8": "vpdpbusd", "s16": "vpmaddwd+vpaddd", "u8s7": "vpmaddubsw+vpmaddwd+vpaddd (pairs)"}
+    for isa, pairs in [(isa, p) for isa in isas for p in (False, True) if not p or isa.name in PAIR_OPS]:
+        peak = measure_int_peak(isa, pairs=pairs)
+        kern = DotPeakKernel(isa, pairs)
+        log(f"ISA {isa.name}: measured {names[kern.op]} peak, 1 thread: {peak:.1f} GOP/s "
+            f"({peak / fp32:.2f}x the FP32 peak)")
         rows = []
-        tiles = [(default_int_kernel(isa.name).mr, default_int_kernel(isa.name).nr)]
+        default = default_int_kernel(isa.name, pairs)
+        tiles = [(default.mr, default.nr)]
         if sweep:
-            tiles += [t for t in int_max_tiles(isa) if t not in tiles]
+            tiles += [t for t in int_max_tiles(isa, 64, pairs) if t not in tiles]
         for mr, nr in tiles:
-            k = IntGemmKernel(isa, mr, nr)
+            k = IntGemmKernel(isa, mr, nr, pairs=pairs)
             g = int_tile_gops(k)
             mark = "  (default)" if (mr, nr) == tiles[0] else ""
             log(f"  tile {k.name:30s} L1-resident: {g:7.1f} GOP/s  {100 * g / peak:5.1f}% of peak  "
                 f"{g / fp32:4.2f}x FP32 peak{mark}")
             rows.append({"kernel": k.name, "gops": g, "pct_peak": 100 * g / peak})
-        out["isas"].append({"isa": isa.name, "peak_gops": peak, "tiles": rows})
+        out["isas"].append({"isa": isa.name + (" pairs" if pairs else ""), "peak_gops": peak, "tiles": rows})
     if AMX_INT8.host_supports():
         peak = amx_gops(AmxPeakKernel(), calls=200_000)
         log(f"ISA {AMX_INT8.name}: measured tdpbusd peak, 1 thread: {peak:.1f} GOP/s ({peak / fp32:.2f}x the FP32 peak)")

@@ -33,7 +33,7 @@ from microkernels.f32_layernorm import LayerNormKernel
 from microkernels.f32_vmap import VmapKernel
 from microkernels.f32_wino import WinoKernel
 from microkernels.int_amx import AmxGemmKernel
-from microkernels.int_gemm import IntGemmKernel, default_int_kernel
+from microkernels.int_gemm import PAIR_OPS, IntGemmKernel, default_int_kernel
 from microkernels.int_mac import MacKernel, default_mac_kernel
 from microkernels.isa import X86_INT_ISAS
 
@@ -64,6 +64,7 @@ def cases() -> list:
         # Winograd's first GEMM segment: beta=0, prefetching the next U panel.
         out.append(GemmKernel(isa, *DEFAULT_TILES[isa.name], accumulate=False, prefetch=True))
     return (out + [default_mac_kernel(name) for name in ARM_ISAS] + [default_int_kernel(name) for name in X86_INT_ISAS]
+            + [default_int_kernel(name, pairs=True) for name in PAIR_OPS]
             + [AmxGemmKernel(16, 2, 2), AmxGemmKernel(16, 2, 2, accumulate=False)] + wino_cases() + dw_cases() + vmap_cases() + layer_norm_cases())
 
 

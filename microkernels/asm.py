@@ -203,20 +203,28 @@ def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int, prefetches: int = 0
 def int_tile_loop_problems(lp: Loop, isa: Isa, op: str, mr: int, nv: int) -> list[str]:
     """Why `lp` is not exactly an x86 integer tile's K step (microkernels.int_gemm; empty: it is).
 
-    Allowed: MR*NV vpdpbusd (op "u8s8"), or MR*NV vpmaddwd each with its vpaddd (op "s16"), on
+    Allowed: MR*NV vpdpbusd (op "u8s8"), or MR*NV vpmaddwd each with its vpaddd (op "s16"), or
+    MR*NV vpmaddubsw each with a vpmaddwd by the one register of ones and a vpaddd (op "u8s7"), on
     the ISA's vector registers; NV vector loads (B); MR vpbroadcastd (A); bookkeeping on general
     registers. Not allowed: any store, widening or other vector instruction, any stack access.
     """
     reg = {512: "%zmm", 256: "%ymm"}[isa.vector_bits]
     body = [i.removeprefix("{vex} ") for i in lp.body]
-    mul = "vpdpbusd" if op == "u8s8" else "vpmaddwd"
+    mul = {"u8s8": "vpdpbusd", "s16": "vpmaddwd", "u8s7": "vpmaddubsw"}[op]
     muls = [i for i in body if i.split()[0] == mul]
     adds = [i for i in body if i.split()[0] == "vpaddd"]
     problems = []
     if len(muls) != mr * nv:
         problems.append(f"{len(muls)} {mul}, expected {mr * nv}")
-    if len(adds) != (mr * nv if op == "s16" else 0):
-        problems.append(f"{len(adds)} vpaddd, expected {mr * nv if op == 's16' else 0}")
+    if op == "u8s7":
+        # each product's pairs summed by a vpmaddwd with the same register of ones
+        pairs = [i for i in body if i.split()[0] == "vpmaddwd"]
+        ones = {i.split()[1].rstrip(",") for i in pairs}
+        if len(pairs) != mr * nv or len(ones) != 1:
+            problems.append(f"{len(pairs)} vpmaddwd by {sorted(ones)}, expected {mr * nv} by one register of ones")
+        muls = muls + pairs
+    if len(adds) != (0 if op == "u8s8" else mr * nv):
+        problems.append(f"{len(adds)} vpaddd, expected {0 if op == 'u8s8' else mr * nv}")
     if not all(i.count(reg) == 3 for i in muls + adds):
         problems.append(f"multiplies not on {reg}")
     if lp.stack_accesses():

@@ -3,7 +3,8 @@ FP32 tiles'): independent chains of the instruction a tile's K step issues, noth
 
     void mk_<op>_dotpeak_<chains>_<isa>(ptr io, i32 iters)
 op "u8s8": one vpdpbusd per chain and iteration; op "s16": one vpmaddwd and one vpaddd, the
-upcast tile's pair. io holds 2 + chains vectors (two operands, then the chains' start values,
+upcast tile's pair; op "u8s7" (pairs=True): vpmaddubsw, a vpmaddwd by ones and a vpaddd, the
+pairs tile's three. io holds 2 + chains vectors (two operands, then the chains' start values,
 overwritten with the results so nothing can be optimized away). Each vpmaddwd multiplies its
 chain's own value, so it cannot be hoisted out of the loop.
 """
@@ -12,21 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .int_gemm import OPS, TileError
+from .int_gemm import OPS, PAIR_OPS, TileError
 from .isa import Isa
 
 
 @dataclass(frozen=True)
 class DotPeakKernel:
     isa: Isa
+    pairs: bool = False
 
     def __post_init__(self):
-        if self.isa.name not in OPS:
-            raise TileError(f"no integer peak probe for {self.isa.name}; expected one of {sorted(OPS)}")
+        ops = PAIR_OPS if self.pairs else OPS
+        if self.isa.name not in ops:
+            raise TileError(f"no integer peak probe for {self.isa.name}; expected one of {sorted(ops)}")
 
     @property
     def op(self) -> str:
-        return OPS[self.isa.name][0]
+        return (PAIR_OPS if self.pairs else OPS)[self.isa.name][0]
 
     @property
     def chains(self) -> int:
@@ -34,7 +37,7 @@ class DotPeakKernel:
 
     @property
     def name(self) -> str:
-        return f"mk_{self.op}_dotpeak_{self.chains}_{self.isa.name}"
+        return f"mk_{self.op}_dotpeak_{self.chains}_{self.isa.name}"  # op: u8s7 for the pairs probe
 
     @property
     def io_words(self) -> int:
@@ -43,17 +46,22 @@ class DotPeakKernel:
 
     def ops(self, iters: int) -> int:
         """Integer operations (a multiply and an add per MAC) that `iters` iterations perform."""
-        return 2 * self.isa.lanes * OPS[self.isa.name][3] * self.chains * iters
+        return 2 * self.isa.lanes * (PAIR_OPS if self.pairs else OPS)[self.isa.name][3] * self.chains * iters
 
     def llvm_ir(self) -> str:
         lanes, bits, n = self.isa.lanes, self.isa.vector_bits, self.chains
         vi = f"<{lanes} x i32>"
-        vo = f"<{4 * lanes} x i8>" if self.op == "u8s8" else f"<{2 * lanes} x i16>"
+        vo = f"<{4 * lanes} x i8>" if self.op in ("u8s8", "u8s7") else f"<{2 * lanes} x i16>"
+        vw = f"<{2 * lanes} x i16>"
+        madd = "@llvm.x86.avx512.pmaddw.d.512" if bits == 512 else "@llvm.x86.avx2.pmadd.wd"
+        ubsw = "@llvm.x86.avx512.pmaddubs.w.512" if bits == 512 else "@llvm.x86.avx2.pmadd.ub.sw"
+        ones = "<" + ", ".join(["i16 1"] * 2 * lanes) + ">"
         if self.op == "u8s8":
             callee, decl = f"@llvm.x86.avx512.vpdpbusd.{bits}", f"({vi}, {vo}, {vo})"
+        elif self.op == "u8s7":
+            callee, decl = ubsw, f"({vo}, {vo})"
         else:
-            callee = "@llvm.x86.avx512.pmaddw.d.512" if bits == 512 else "@llvm.x86.avx2.pmadd.wd"
-            decl = f"({vo}, {vo})"
+            callee, decl = madd, f"({vo}, {vo})"
         out = [f"define internal void @{self.name}(ptr noalias %io, i32 %iters) alwaysinline {{", "entry:",
                f"  %m = load {vo}, ptr %io, align 4",
                f"  %pa = getelementptr inbounds i32, ptr %io, i64 {lanes}",
@@ -68,6 +76,11 @@ class DotPeakKernel:
         for c in range(n):
             if self.op == "u8s8":
                 out.append(f"  %y{c} = call {vi} {callee}({vi} %x{c}, {vo} %m, {vo} %adb)")
+            elif self.op == "u8s7":  # each chain's bytes times m, pairs summed by ones, + ad
+                out.append(f"  %xb{c} = bitcast {vi} %x{c} to {vo}")
+                out.append(f"  %w{c} = call {vw} {callee}({vo} %xb{c}, {vo} %m)")
+                out.append(f"  %q{c} = call {vi} {madd}({vw} %w{c}, {vw} {ones})")
+                out.append(f"  %y{c} = add {vi} %q{c}, %ad")
             else:
                 out.append(f"  %xw{c} = bitcast {vi} %x{c} to {vo}")
                 out.append(f"  %q{c} = call {vi} {callee}({vo} %xw{c}, {vo} %m)")
@@ -76,5 +89,8 @@ class DotPeakKernel:
                 "  br i1 %more, label %loop, label %exit", "exit:"]
         for c in range(n):
             out.append(f"  store {vi} %y{c}, ptr %p{c}, align 4")
-        out += ["  ret void", "}", f"declare {vi} {callee}{decl}", ""]
+        out += ["  ret void", "}"]
+        out += [f"declare {vw} {callee}{decl}", f"declare {vi} {madd}({vw}, {vw})"] if self.op == "u8s7" else \
+            [f"declare {vi} {callee}{decl}"]
+        out.append("")
         return "\n".join(out)

@@ -10,6 +10,14 @@ One parametric generator, two instructions, chosen by the ISA:
   packing); each instruction sums two products into an int32 lane. Unlike vpmaddubsw, whose
   16-bit pair sums saturate, a pair of products of 8-bit values (at most 2 * 255 * 255) always
   fits, so this is exact under the same accumulator bound.
+- u8s7 pairs, `vpmaddubsw` + `vpmaddwd` by ones + `vpaddd` (AVX2, AVX-512BW; the `pairs` variant):
+  uint8 A times int8 B as they are, B packed as for vpdpbusd. vpmaddubsw sums the products of
+  two adjacent k into an int16 that saturates, so it is exact only while every such pair of
+  weights has |w_a| + |w_b| <= PAIR_BOUND (255 * 128 = 32640 <= 32767): weights quantized to
+  7 bits ([-64, 64]) always are, and the schedule proves it for the layer's packed weights
+  before it takes this tile (int8 `pairs_exact`). The vpmaddwd by ones then adds the two int16
+  sums of a group into the int32 lane, exactly. Per 32 products: two multiplies and an add on
+  8-bit operands, where the upcast takes two vpmaddwd and two vpaddd on int16 ones.
 
 B is packed in groups of `group` k (4 for dot, 2 for madd): group g of column j, the values
 k = group*g .. group*g + group-1, sits at b + g*ldb + group*j, which is the order the instruction
@@ -21,6 +29,7 @@ elements of the operand's own type.
 Signature of every generated kernel (k a multiple of the group):
     void mk_u8s8_gemm_<MR>x<NR>_<isa>[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k)
     void mk_s16_gemm_<MR>x<NR>_<isa>[_beta0](...same...)
+    void mk_u8s7_gemm_<MR>x<NR>_<isa>[_beta0](...same...)
 The batch-reduce variant (brgemm) sums n1*n2*n3 products into one tile, A at
 a + i1*sa1 + i2*sa2 + i3*sa3 and the B panels one after another (each k/group*ldb long), exactly
 as the FP32 brgemm does for a direct convolution:
@@ -50,6 +59,14 @@ OPS = {
     AVX512.name: ("s16", "int16", "int16", 2),
     AVX2.name: ("s16", "int16", "int16", 2),
 }
+# The `pairs` variant's operations, on the ISAs without VNNI (vpmaddubsw: AVX2, AVX-512BW).
+PAIR_OPS = {
+    AVX512.name: ("u8s7", "uint8", "int8", 4),
+    AVX2.name: ("u8s7", "uint8", "int8", 4),
+}
+# The largest |w_a| + |w_b| of two weights vpmaddubsw multiplies in one 16-bit sum that keeps it
+# exact for any uint8 data: 255 * 128 = 32640 <= 32767 (and 255 * 129 = 32895 is not).
+PAIR_BOUND = 128
 OUT_DTYPES = ("uint8", "int8", "float32")
 _OUT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 _OUT_SUFFIX = {"uint8": "qu8", "int8": "qs8", "float32": "qf32"}
@@ -68,35 +85,45 @@ class IntGemmKernel:
     accumulate: bool = True  # False: beta=0, the tile starts from zero
     batch_reduce: bool = False
     requant: str | None = None  # None (store int32), or the requantized output's dtype
+    # vpmaddubsw on uint8 x int8 (PAIR_OPS): exact only for weights within PAIR_BOUND per pair,
+    # which the caller proves; AVX2 and AVX-512 without VNNI.
+    pairs: bool = False
 
     def __post_init__(self):
         if self.isa.name not in OPS:
             raise TileError(f"no x86 integer GEMM kernel for {self.isa.name}; expected one of {sorted(OPS)}")
+        if self.pairs and self.isa.name not in PAIR_OPS:
+            raise TileError(f"the vpmaddubsw pairs tile is for ISAs without VNNI ({sorted(PAIR_OPS)}); "
+                            f"{self.isa.name} multiplies uint8 x int8 exactly with vpdpbusd")
         normalize_ints(self, {"mr": "MR", "nr": "NR"}, TileError)
         if self.requant is not None and self.requant not in OUT_DTYPES:
             raise TileError(f"requant must be None or one of {OUT_DTYPES}, got {self.requant!r}")
         if self.requant is not None and self.accumulate:
             # The requantized store discards the int32 tile, so there is nothing to accumulate into.
             object.__setattr__(self, "accumulate", False)
-        check_tile(self.isa, self.mr, self.nr)
+        check_tile(self.isa, self.mr, self.nr, self.pairs)
+
+    @property
+    def _ops(self) -> tuple:
+        return (PAIR_OPS if self.pairs else OPS)[self.isa.name]
 
     @property
     def op(self) -> str:
-        """"u8s8" (vpdpbusd) or "s16" (vpmaddwd)."""
-        return OPS[self.isa.name][0]
+        """"u8s8" (vpdpbusd), "s16" (vpmaddwd) or "u8s7" (vpmaddubsw pairs)."""
+        return self._ops[0]
 
     @property
     def a_dtype(self) -> str:
-        return OPS[self.isa.name][1]
+        return self._ops[1]
 
     @property
     def b_dtype(self) -> str:
-        return OPS[self.isa.name][2]
+        return self._ops[2]
 
     @property
     def group(self) -> int:
         """K values per group of packed B, and per K step; K must be a multiple of it."""
-        return OPS[self.isa.name][3]
+        return self._ops[3]
 
     @property
     def k_step(self) -> int:
@@ -113,8 +140,9 @@ class IntGemmKernel:
 
     @property
     def instructions_per_step(self) -> int:
-        """Multiply instructions (vpdpbusd or vpmaddwd) per K step of `group` values."""
-        return self.mr * self.vectors_per_row
+        """Multiply instructions per K step of `group` values: vpdpbusd or vpmaddwd, one per
+        accumulator; vpmaddubsw and its vpmaddwd by ones, two."""
+        return self.mr * self.vectors_per_row * (2 if self.op == "u8s7" else 1)
 
     @property
     def macs_per_instruction(self) -> int:
@@ -122,7 +150,7 @@ class IntGemmKernel:
 
     @property
     def name(self) -> str:
-        op = "brgemm" if self.batch_reduce else "gemm"
+        op = "brgemm" if self.batch_reduce else "gemm"  # self.op names the instruction
         suffix = "" if self.accumulate else "_beta0"
         if self.requant:
             suffix = f"_{_OUT_SUFFIX[self.requant]}"
@@ -132,26 +160,29 @@ class IntGemmKernel:
         return _generate(self)
 
 
-def registers_needed(isa: Isa, mr: int, nr: int) -> int:
+def registers_needed(isa: Isa, mr: int, nr: int, pairs: bool = False) -> int:
     """Vector registers the K loop holds: MR * NR/lanes accumulators, a row of B, one broadcast,
-    and for vpmaddwd the product on its way to the vpaddd."""
+    for vpmaddwd the product on its way to the vpaddd, and for the pairs tile that product and
+    the vector of ones its vpmaddwd multiplies by."""
     nv = nr // isa.lanes
-    return mr * nv + nv + 1 + (OPS[isa.name][0] == "s16")
+    op = (PAIR_OPS if pairs else OPS)[isa.name][0]
+    return mr * nv + nv + 1 + {"u8s8": 0, "s16": 1, "u8s7": 2}[op]
 
 
-def check_tile(isa: Isa, mr: int, nr: int) -> None:
+def check_tile(isa: Isa, mr: int, nr: int, pairs: bool = False) -> None:
     if nr % isa.lanes:
         raise TileError(f"NR={nr} must be a multiple of {isa.lanes} (int32 lanes of {isa.name})")
-    need = registers_needed(isa, mr, nr)
+    need = registers_needed(isa, mr, nr, pairs)
     if need > isa.vector_registers:
+        extra = "a vpmaddubsw product and a vector of ones" if pairs else "a vpmaddwd product"
         raise TileError(f"a {mr}x{nr} tile needs {need} vector registers (MR*NR/{isa.lanes} accumulators, "
-                        f"a row of B, a broadcast, a vpmaddwd product) but {isa.name} has {isa.vector_registers}")
+                        f"a row of B, a broadcast, {extra}) but {isa.name} has {isa.vector_registers}")
 
 
-def max_tiles(isa: Isa, nr_limit: int = 64) -> list[tuple[int, int]]:
+def max_tiles(isa: Isa, nr_limit: int = 64, pairs: bool = False) -> list[tuple[int, int]]:
     """Every (MR, NR) with MR >= 2 whose K loop fits the register file, NR up to nr_limit."""
     return [(mr, nr) for nr in range(isa.lanes, nr_limit + 1, isa.lanes) for mr in range(2, 32)
-            if registers_needed(isa, mr, nr) <= isa.vector_registers]
+            if registers_needed(isa, mr, nr, pairs) <= isa.vector_registers]
 
 
 # Four zmm of B per row and 6 rows of A: 24 accumulators, the shape of the FP32 tile (whose
@@ -159,9 +190,15 @@ def max_tiles(isa: Isa, nr_limit: int = 64) -> list[tuple[int, int]]:
 DEFAULT_TILES = {AVX512_VNNI.name: (6, 64), AVX_VNNI.name: (6, 16), AVX512.name: (6, 64), AVX2.name: (6, 16)}
 
 
-def default_int_kernel(isa_name: str, **variant) -> IntGemmKernel:
-    mr, nr = DEFAULT_TILES[isa_name]
-    return IntGemmKernel(X86_INT_ISAS[isa_name], mr, nr, **variant)
+# The pairs tile's own default (two more registers than the upcast's): 5 x 16 on ymm (97.9 G
+# multiply-adds/s L1-resident on a Zen 3, where the upcast's 6 x 16 ran 75.5), 6 x 64 on zmm.
+DEFAULT_PAIR_TILES = {AVX512.name: (6, 64), AVX2.name: (5, 16)}
+assert set(DEFAULT_PAIR_TILES) == set(PAIR_OPS)
+
+
+def default_int_kernel(isa_name: str, pairs: bool = False, **variant) -> IntGemmKernel:
+    mr, nr = (DEFAULT_PAIR_TILES if pairs else DEFAULT_TILES)[isa_name]
+    return IntGemmKernel(X86_INT_ISAS[isa_name], mr, nr, pairs=pairs, **variant)
 
 
 def _vec(kern: IntGemmKernel, elem: str) -> str:
@@ -171,23 +208,41 @@ def _vec(kern: IntGemmKernel, elem: str) -> str:
             "float": f"<{lanes} x float>"}[elem]
 
 
+def _pmaddwd(kern: IntGemmKernel) -> str:
+    vi, vw = _vec(kern, "i32"), _vec(kern, "i16")
+    name = "llvm.x86.avx512.pmaddw.d.512" if kern.isa.vector_bits == 512 else "llvm.x86.avx2.pmadd.wd"
+    return f"declare {vi} @{name}({vw}, {vw})"
+
+
+def _pmaddubsw(kern: IntGemmKernel) -> str:
+    vb, vw = _vec(kern, "i8"), _vec(kern, "i16")
+    name = "llvm.x86.avx512.pmaddubs.w.512" if kern.isa.vector_bits == 512 else "llvm.x86.avx2.pmadd.ub.sw"
+    return f"declare {vw} @{name}({vb}, {vb})"
+
+
 def _multiply(kern: IntGemmKernel) -> tuple[str, str]:
-    """(declaration, operand element) of the instruction a K step issues."""
+    """(declaration, operand element) of the instruction a K step issues (for the pairs tile its
+    first, vpmaddubsw; its vpmaddwd by ones is `_pmaddwd`)."""
     bits, vi = kern.isa.vector_bits, _vec(kern, "i32")
     if kern.op == "u8s8":
         vb = _vec(kern, "i8")
         return f"declare {vi} @llvm.x86.avx512.vpdpbusd.{bits}({vi}, {vb}, {vb})", "i8"
-    vw = _vec(kern, "i16")
-    name = "llvm.x86.avx512.pmaddw.d.512" if bits == 512 else "llvm.x86.avx2.pmadd.wd"
-    return f"declare {vi} @{name}({vw}, {vw})", "i16"
+    if kern.op == "u8s7":
+        return _pmaddubsw(kern), "i8"
+    return _pmaddwd(kern), "i16"
+
+
+def _callee(decl: str) -> str:
+    return decl.split("@")[1].split("(")[0]
 
 
 def _k_step(kern: IntGemmKernel, acc: str, nacc: str) -> list[str]:
     """One K step at group %kk: broadcast each A row's group, load B's group row, multiply-add."""
     vi, lanes, nv, g = _vec(kern, "i32"), kern.isa.lanes, kern.vectors_per_row, kern.group
     decl, elem = _multiply(kern)
-    vo = _vec(kern, elem)
-    callee = decl.split("@")[1].split("(")[0]
+    vo, vw = _vec(kern, elem), _vec(kern, "i16")
+    callee, madd = _callee(decl), _callee(_pmaddwd(kern))
+    ones = "<" + ", ".join(["i16 1"] * 2 * kern.isa.lanes) + ">"
     out = ["  %ka = mul i64 %kk, " + str(g), "  %kb = mul i64 %kk, %ldb64"]
     for j in range(nv):
         out.append(f"  %bo{j} = add i64 %kb, {j * lanes * g}")
@@ -202,6 +257,10 @@ def _k_step(kern: IntGemmKernel, acc: str, nacc: str) -> list[str]:
         for j in range(nv):
             if kern.op == "u8s8":  # vpdpbusd(acc, unsigned bytes, signed bytes)
                 out.append(f"  {nacc}{i}_{j} = call {vi} @{callee}({vi} {acc}{i}_{j}, {vo} %ab{i}, {vo} %bv{j})")
+            elif kern.op == "u8s7":  # vpmaddubsw(unsigned bytes, signed bytes), then pairs of int16 -> int32
+                out.append(f"  %pw{i}_{j} = call {vw} @{callee}({vo} %ab{i}, {vo} %bv{j})")
+                out.append(f"  %pr{i}_{j} = call {vi} @{madd}({vw} %pw{i}_{j}, {vw} {ones})")
+                out.append(f"  {nacc}{i}_{j} = add {vi} {acc}{i}_{j}, %pr{i}_{j}")
             else:
                 out.append(f"  %pr{i}_{j} = call {vi} @{callee}({vo} %ab{i}, {vo} %bv{j})")
                 out.append(f"  {nacc}{i}_{j} = add {vi} {acc}{i}_{j}, %pr{i}_{j}")
@@ -302,7 +361,7 @@ def _generate(kern: IntGemmKernel) -> str:
     for i, j in tiles:
         out.append(f"  %res{i}_{j} = load {vi}, ptr %slot{i}_{j}, align 64")
     out += _store(kern, lambda i, j: f"%res{i}_{j}")
-    out += ["  ret void", "}", decl]
+    out += ["  ret void", "}", decl] + ([_pmaddwd(kern)] if kern.op == "u8s7" else [])
     if kern.requant in _OUT_RANGE:
         vf = _vec(kern, "float")
         out += [f"declare {vf} @llvm.{f}.v{lanes}f32({vf}{f', {vf}' if f != 'roundeven' else ''})"

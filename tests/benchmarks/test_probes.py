@@ -92,3 +92,39 @@ def test_integer_peak_loop_is_one_instruction_per_chain(isa):
     assert sum(i.startswith("vpaddd") for i in body) == (n if kern.op == "s16" else 0)
     assert not [i for i in body if i.startswith(("vmov", "vpbroadcast"))], body
     assert not loops[0].stack_accesses()
+
+
+@pytest.mark.parametrize("isa", [X86_INT_ISAS["avx2"], X86_INT_ISAS["avx512"]], ids=how)
+def test_pairs_peak_kernel_computes_its_chains(isa):
+    """The pairs probe: y <- pmaddwd(pmaddubsw(y as bytes, m), ones) + ad per chain, vpmaddubsw's
+    int16 pair sums saturating as the instruction does; small values keep them in range here."""
+    kern, iters = DotPeakKernel(isa, pairs=True), 5
+    lanes, chains = isa.lanes, kern.chains
+    rng = np.random.default_rng(3)
+    io = rng.integers(-3, 4, kern.io_words).astype(np.int32)
+    io[:lanes] = rng.integers(0, 2**31, lanes) & 0x03030303  # m: small signed bytes
+    got, = execute(compile_peak(kern, iters, compile_target(isa)), isa, [io], [0])
+    y = io[2 * lanes:].reshape(chains, lanes).astype(np.int64)
+    m = io[:lanes].view(np.int8).reshape(lanes, 4).astype(np.int64)
+    ad = io[lanes:2 * lanes].astype(np.int64)
+    for _ in range(iters):
+        b = y.astype(np.uint32).view(np.uint8).reshape(chains, lanes, 2, 2).astype(np.int64)
+        w = np.clip((b * m.reshape(lanes, 2, 2)).sum(axis=3), -32768, 32767)
+        y = (w.sum(axis=2) + ad) & 0xFFFFFFFF
+    want = y.astype(np.uint32).view(np.int32)
+    assert np.array_equal(got[2 * lanes:].reshape(chains, lanes), want)
+
+
+@pytest.mark.parametrize("isa", [X86_INT_ISAS["avx2"], X86_INT_ISAS["avx512"]], ids=lambda isa: isa.name)
+def test_pairs_peak_loop_is_three_instructions_per_chain(isa):
+    kern = DotPeakKernel(isa, pairs=True)
+    assert kern.name == f"mk_u8s7_dotpeak_{kern.chains}_{isa.name}"
+    fn = compile_peak(kern, 100).mod.inspect_source("asm")
+    loops = [lp for lp in asm.single_block_loops(fn) if any("vpmaddubsw" in i for i in lp.body)]
+    assert len(loops) == 1
+    body = [i.removeprefix("{vex} ") for i in loops[0].body]
+    n = sum(i.startswith("vpmaddubsw") for i in body)
+    assert n and n % kern.chains == 0, n
+    assert sum(i.startswith("vpmaddwd") for i in body) == n == sum(i.startswith("vpaddd") for i in body)
+    assert not [i for i in body if i.startswith(("vmov", "vpbroadcast"))], body
+    assert not loops[0].stack_accesses()

@@ -26,6 +26,9 @@ KERNELS = [
     *(default_int_kernel(n) for n in X86_INT_ISAS),
     IntGemmKernel(AVX512_VNNI, 2, 16), IntGemmKernel(AVX512_VNNI, 14, 32), IntGemmKernel(AVX512_VNNI, 3, 48),
     IntGemmKernel(AVX_VNNI, 4, 24), IntGemmKernel(AVX512, 5, 32), IntGemmKernel(AVX2, 2, 32),
+    # the vpmaddubsw pairs tile, its weights within the pair bound (testers.int_gemm.draw)
+    IntGemmKernel(AVX2, 5, 16, pairs=True), IntGemmKernel(AVX2, 12, 8, pairs=True),
+    IntGemmKernel(AVX512, 6, 64, pairs=True),
 ]
 
 
@@ -124,6 +127,25 @@ def test_past_the_bound_the_accumulator_wraps_like_int32(isa_name):
     assert (got == want).all() and want < 0, (got[0, 0], want)
 
 
+@pytest.mark.parametrize("isa", [AVX2, AVX512], ids=lambda i: i.name)
+def test_pairs_tile_is_exact_at_the_bound_and_saturates_past_it(isa):
+    """The pairs tile with A at 255: weight pairs with |w_a| + |w_b| = 128 (64 + 64, -128 + 0,
+    -64 - 64) give exact sums; a pair at 129 (65 + 64) saturates vpmaddubsw's int16 at 32767 where
+    the exact sum is 32895, which is why the schedules prove the bound before taking this tile."""
+    kern = IntGemmKernel(isa, 2, isa.lanes, pairs=True)
+    k = 4 * kern.group
+    tester = IntGemmTester(kern, k)
+    a_shape, b_shape, c_shape = tester.shapes()
+    a = np.full(a_shape, 255, np.uint8)
+    b = np.zeros(b_shape, np.int8).reshape(-1, 2)
+    b[:] = [[64, 64], [-128, 0], [-64, -64], [0, -128]] * (len(b) // 4)
+    c = np.zeros(c_shape, np.int32)
+    tester.check(a, b.reshape(b_shape), c)
+    b[:] = [65, 64]
+    got = tester.run(a, b.reshape(b_shape), c)[:kern.mr, :kern.nr]
+    assert (got == k // 2 * 32767).all(), (got[0, 0], k // 2 * 255 * 129)
+
+
 # --- the variants without an intrinsic, one direct call each ----------------------------------
 
 VARIANT_ISAS = [X86_INT_ISAS[n] for n in sorted(X86_INT_ISAS)]
@@ -185,11 +207,14 @@ def test_requantization_ties_and_relu_bounds(isa):
 
 ACCEPTED = [IntGemmKernel(isa, mr, nr) for isa in X86_INT_ISAS.values() for mr, nr in max_tiles(isa, 64)
             if nr in (isa.lanes, 2 * isa.lanes, 4 * isa.lanes)]
+ACCEPTED += [IntGemmKernel(isa, mr, nr, pairs=True) for isa in (AVX2, AVX512) for mr, nr in max_tiles(isa, 64, True)
+             if nr in (isa.lanes, 2 * isa.lanes, 4 * isa.lanes)]
 
 
 @pytest.mark.parametrize("kern", ACCEPTED, ids=lambda k: k.name)
 def test_k_loop_is_the_tile_and_nothing_else(kern):
-    """One K loop of exactly MR * NR/lanes vpdpbusd (or vpmaddwd + vpaddd) on the ISA's registers,
+    """One K loop of exactly MR * NR/lanes vpdpbusd (or vpmaddwd + vpaddd, or vpmaddubsw +
+    vpmaddwd by ones + vpaddd) on the ISA's registers,
     NR/lanes B loads, MR broadcasts, no stores, no stack traffic. Compiled only."""
     lib = compile_tile(kern, TileLayout.dense(kern, 8 * kern.group))  # the kernel's own target, run or not
     fn = asm.compute_function(lib.mod.inspect_source("asm"))

@@ -129,3 +129,43 @@ def test_requantizing_store_rounds_half_to_even_and_saturates():
     assert "roundeven" not in f and f.count("store <16 x float> %qs") == 24
     plain = IntGemmKernel(AVX2, 6, 16).llvm_ir()
     assert "sitofp" not in plain and plain.count("store <8 x i32> %res") == 12
+
+
+# The vpmaddubsw pairs tile, stated independently: (name infix, A, B, k per group, its two
+# intrinsics: uint8 x int8 pairs into int16, then int16 pairs into int32 by ones)
+PAIRS_SPEC = {
+    "avx512": ("u8s7", "uint8", "int8", 4, "@llvm.x86.avx512.pmaddubs.w.512", "@llvm.x86.avx512.pmaddw.d.512"),
+    "avx2": ("u8s7", "uint8", "int8", 4, "@llvm.x86.avx2.pmadd.ub.sw", "@llvm.x86.avx2.pmadd.wd"),
+}
+
+
+@pytest.mark.parametrize("isa_name", sorted(PAIRS_SPEC))
+def test_pairs_tile_names_budget_and_ir(isa_name):
+    infix, a_dt, b_dt, group, ubsw, wd = PAIRS_SPEC[isa_name]
+    isa = X86_INT_ISAS[isa_name]
+    nv_max = isa.vector_registers
+    for nr in range(isa.lanes, 4 * isa.lanes + 1, isa.lanes):
+        nv = nr // isa.lanes
+        for mr in range(1, 34):
+            fits = mr * nv + nv + 1 + 2 <= nv_max  # + the vpmaddubsw product and the ones
+            if fits:
+                IntGemmKernel(isa, mr, nr, pairs=True)
+            else:
+                with pytest.raises(TileError, match="a vpmaddubsw product and a vector of ones"):
+                    IntGemmKernel(isa, mr, nr, pairs=True)
+    mr, nr = (5, 16) if isa_name == "avx2" else (6, 64)
+    k = IntGemmKernel(isa, mr, nr, pairs=True)
+    assert k.name == f"mk_{infix}_gemm_{mr}x{nr}_{isa_name}" and k.op == infix
+    assert (k.a_dtype, k.b_dtype, k.group) == (a_dt, b_dt, group)
+    assert k.instructions_per_step == 2 * mr * nr // isa.lanes
+    ir = k.llvm_ir()
+    assert len(re.findall(rf"call <\d+ x i16> {re.escape(ubsw)}\(", ir)) == mr * nr // isa.lanes
+    ones = "<" + ", ".join(["i16 1"] * 2 * isa.lanes) + ">"
+    assert len(re.findall(rf"call <\d+ x i32> {re.escape(wd)}\(<\d+ x i16> %pw\d+_\d+, <\d+ x i16> {ones}\)", ir)) \
+        == mr * nr // isa.lanes
+
+
+@pytest.mark.parametrize("isa", [AVX512_VNNI, AVX_VNNI], ids=lambda i: i.name)
+def test_pairs_tile_is_refused_where_vnni_is_exact(isa):
+    with pytest.raises(TileError, match=f"vpmaddubsw pairs tile is for ISAs without VNNI .* {isa.name} multiplies"):
+        IntGemmKernel(isa, 2, isa.lanes, pairs=True)

@@ -9,7 +9,7 @@ import numpy as np
 import tvm
 
 from intrinsics.tile_module import int_kernel_function
-from microkernels.int_gemm import IntGemmKernel, out_range
+from microkernels.int_gemm import PAIR_BOUND, IntGemmKernel, out_range
 
 from ..x86_exec import compile_target, execute
 from .common import TileTester, assert_written_only
@@ -20,9 +20,25 @@ INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 RANGES = {"uint8": (0, 255), "int8": (-128, 127), "int16": (-255, 255)}
 
 
-def draw(rng, dtype: str, shape) -> np.ndarray:
+def draw(rng, dtype: str, shape, pairs: bool = False) -> np.ndarray:
+    """Random operand values over the whole range the schedules feed; with `pairs` (B of the
+    vpmaddubsw tile), int8 values whose adjacent pairs (the flat array's (2i, 2i + 1)) have
+    |a| + |b| <= PAIR_BOUND, the weights the schedules give that tile, bound included."""
     lo, hi = RANGES[dtype]
-    return rng.integers(lo, hi, shape, endpoint=True).astype(dtype)
+    if not pairs:
+        return rng.integers(lo, hi, shape, endpoint=True).astype(dtype)
+    n = int(np.prod(shape))
+    assert n % 2 == 0, shape
+    first = rng.integers(-128, 127, n // 2, endpoint=True)
+    room = PAIR_BOUND - np.abs(first)
+    second = rng.integers(-room, np.minimum(room, 127), endpoint=True)
+    at_bound = rng.random(n // 2) < 0.25  # a quarter exactly on the bound: |a| + |b| = 128
+    second = np.where(at_bound & (room <= 127), np.where(rng.random(n // 2) < 0.5, -room, room), second)
+    return np.stack([first, second], axis=1).reshape(shape).astype(dtype)
+
+
+def b_pairs(kern) -> bool:
+    return bool(getattr(kern, "pairs", False))
 
 
 def assert_exact(got: np.ndarray, want: np.ndarray) -> None:
@@ -47,7 +63,7 @@ class IntGemmTester(TileTester):
     def operands(self, seed: int, c_bound: int = 1000):
         rng = np.random.default_rng(seed)
         a_shape, b_shape, c_shape = self.shapes()
-        return (draw(rng, self.kern.a_dtype, a_shape), draw(rng, self.kern.b_dtype, b_shape),
+        return (draw(rng, self.kern.a_dtype, a_shape), draw(rng, self.kern.b_dtype, b_shape, b_pairs(self.kern)),
                 rng.integers(-c_bound, c_bound, c_shape, endpoint=True).astype(np.int32))
 
     def test(self, seed: int) -> np.ndarray:
@@ -120,7 +136,7 @@ class KernelCallTester:
         kern = self.kern
         rng = np.random.default_rng(seed)
         a = draw(rng, kern.a_dtype, self.sizes[0]) if a is None else a
-        b = draw(rng, kern.b_dtype, self.sizes[1]) if b is None else b
+        b = draw(rng, kern.b_dtype, self.sizes[1], b_pairs(kern)) if b is None else b
         c_dt = kern.c_dtype
         c = (rng.integers(-c_bound, c_bound, self.sizes[2], endpoint=True).astype(np.int32) if c_dt == "int32"
              else rng.integers(0, 100, self.sizes[2]).astype(c_dt))

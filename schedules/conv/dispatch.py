@@ -61,11 +61,11 @@ OPTIONS = {"threads": None, "blocking": ConvBlocking(), "tile": None, "emulate":
            "input_zero_point": None, "weight_zero_point": None, "weight_dtype": None,
            "output_dtype": None, "input_scale": None, "weight_scale": None, "output_scale": None,
            "output_zero_point": None, "data_layout": None, "residual_scale": None, "residual_zero_point": None,
-           "sum_scale": None, "sum_zero_point": None}
+           "sum_scale": None, "sum_zero_point": None, "weight_bits": None}
 # The quantized conv2d's options, in Quantization's field order after dtype.
 QUANT_OPTIONS = ("weight_dtype", "input_zero_point", "weight_zero_point", "output_dtype", "input_scale",
                  "weight_scale", "output_scale", "output_zero_point", "data_layout", "residual_scale",
-                 "residual_zero_point", "sum_scale", "sum_zero_point")
+                 "residual_zero_point", "sum_scale", "sum_zero_point", "weight_bits")
 
 
 def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, dtype="float32",
@@ -95,7 +95,10 @@ def conv2d(data_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, 
     VECTOR_ACTIVATIONS: "silu", "gelu", ...; not on Winograd), and the op then takes op(data, weight, bias=,
     residual=); input_zero_point, weight_zero_point, weight_dtype, output_dtype and the scales
     (quantized, Quantization; residual=True with residual_scale, residual_zero_point, sum_scale,
-    sum_zero_point fuses a quantized residual add, x86 8-bit outputs);
+    sum_zero_point fuses a quantized residual add, x86 8-bit outputs; weight_bits=7 promises
+    weights whose pairs (input channels 2i, 2i + 1 at a tap) have |w_a| + |w_b| <= 128, as 7-bit
+    weights do, and runs the layer on the exact vpmaddubsw tile on x86 hosts without VNNI; packing
+    refuses weights that break it);
     emulate (x86): calls run on the Bochs CPU, one thread: AVX-512 numerics on a host without it.
     Returns a Conv2dOp (x86; a WinogradConv2dOp for Winograd) or an Int8Conv2dOp (ARM):
     op(data, weight) -> NCHW output. As F.conv2d, x86 float32 also takes unbatched data_shape

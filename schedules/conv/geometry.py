@@ -344,6 +344,11 @@ class Quantization:
     residual_zero_point: object = 0
     sum_scale: object = None
     sum_zero_point: object = 0
+    # 7: every pair of weights a vpmaddubsw tile multiplies together (input channels 2i, 2i + 1 at
+    # one tap) has |w_a| + |w_b| <= 128, as 7-bit weights ([-64, 64]: quantize_static's
+    # reduce_range) always do; x86 layers without VNNI then run on that tile, exact, and packing
+    # refuses weights that break the bound. 8: any weights (the int16 upcast there).
+    weight_bits: object = 8
 
     def __post_init__(self):
         if self.data_layout not in ("NCHW", "NHWC"):
@@ -376,6 +381,13 @@ class Quantization:
             raise ValueError(f"output_zero_point={zp} is out of range: must be {what}")
         object.__setattr__(self, "output_zero_point", int(zp))
         self._check_residual(out, lo, hi)
+        bits = self.weight_bits
+        if isinstance(bits, (bool, np.bool_)) or not isinstance(bits, (int, np.integer)) or bits not in (7, 8):
+            raise ValueError(f"weight_bits must be 7 (weight pairs within vpmaddubsw's bound, as 7-bit weights are) "
+                             f"or 8, got {bits!r}")
+        if bits == 7 and self.weight_dtype == "int16":
+            raise ValueError("weight_bits=7 describes 8-bit weights; int16 (legalized) weights take the upcast")
+        object.__setattr__(self, "weight_bits", int(bits))
 
     def _check_residual(self, out: str, lo: int, hi: int) -> None:
         scales = (self.residual_scale, self.sum_scale)

@@ -397,7 +397,8 @@ class _QdqConvs(PyExprMutator):
             res = {"residual_scale": sr, "residual_zero_point": zr, "sum_scale": sz, "sum_zero_point": zz}
         quant = Quantization(exprs.dtype(chain.x), "int8", int(chain.zx), 0, chain.out_dtype, float(chain.sx),
                              tuple(float(v) for v in np.broadcast_to(chain.sw.reshape(-1), (o,))), float(chain.sy),
-                             int(chain.zy), data_layout="NHWC", **res)
+                             int(chain.zy), data_layout="NHWC", **res,
+                             weight_bits=7 if int8.pairs_fit(chain.w) else 8)  # exact on vpmaddubsw, 7-bit weights
         post = PostOps(bias is not None, chain.residual is not None, "relu" if chain.relu else None)
         key = (params, quant, post)
         if key not in self.funcs:

@@ -33,7 +33,7 @@ The package, from the bottom:
     entry        the layer function's arguments and buffers
     stages       the x86 path's stages on all threads
     gemm         the GEMM tiles; depthwise: channels (or a row's pixels) in lanes
-    weights      pack_weights
+    weights      pack_weights; pairs_fit, the vpmaddubsw tile's bound on a layer's weights
     build        one layer's plan and scheduled TIR
     op           prepare, schedule and Int8Conv2dOp, what conv2d returns for a quantized layer
 ARM code is compiled here and, since this host is x86, run under qemu-user (`emulate`); x86
@@ -62,10 +62,10 @@ from .tiles import (
     x86_tile,
 )
 from .values import ZERO_POINT_RANGE, data_shift, is_depthwise, weight_shift, zero_point
-from .weights import pack_weights
+from .weights import pack_weights, pairs_fit
 
 __all__ = ["AMX_MAX_PADDING", "ARM_TILES", "DEPTHWISE_LANES", "Int8Conv2dOp", "Int8Plan", "Layer", "MAX_CHUNKS",
            "MAX_FLOAT_TAPS", "MAX_K", "MAX_K_DOT", "MAX_K_VNNI", "MAX_PRODUCT", "PAIRED", "SPACE_TO_DEPTH",
            "SUBSAMPLED", "WINOGRAD", "WINOGRAD_MIN_CHANNELS", "X86_TILES", "ZERO_POINT_RANGE", "amx_padded_channels",
            "amx_tile", "build", "choose", "conv_kernel", "data_shift", "flat_geometry", "flat_row", "is_depthwise",
-           "pack_weights", "prepare", "schedule", "weight_shift", "winograd_max_channels", "x86_tile", "zero_point"]
+           "pack_weights", "pairs_fit", "prepare", "schedule", "weight_shift", "winograd_max_channels", "x86_tile", "zero_point"]

@@ -16,17 +16,18 @@ from .values import is_depthwise, weight_shift
 
 
 def build(g, isa: Isa, dtype: str, zp_x: int, tensorize: bool = True, zp_w: int = 0, weight_dtype: str = "int8",
-          output: dict | None = None, source: tuple | None = None):
+          output: dict | None = None, source: tuple | None = None, pairs: bool = False):
     """(IRModule after scheduling, plan). tensorize=False vectorizes the same tiling instead: the
     'LLVM chooses the instructions' baseline of `bench arm`. output: Int8Plan's output fields
     (output_dtype, bias, activation, zp_out). On x86 every stage runs on all threads. source: the
-    layer as given and the form `g` is of it, (Geometry, form) (Int8Plan.source, Int8Plan.form)."""
+    layer as given and the form `g` is of it, (Geometry, form) (Int8Plan.source, Int8Plan.form).
+    pairs: the weights fit the vpmaddubsw tile's pair bound (tiles.conv_kernel)."""
     dw = is_depthwise(g)
     zw8 = zp_w - weight_shift(weight_dtype)
-    plan = Int8Plan(g, conv_kernel(isa, dtype, dw, g), dw, **(output or {}), windows=zw8 != 0,
+    plan = Int8Plan(g, conv_kernel(isa, dtype, dw, g, pairs=pairs), dw, **(output or {}), windows=zw8 != 0,
                     parallel=isa.arch == "x86", **dict(zip(("source", "form"), source or ())))
     if plan.pitch:  # the tile for the flat run of rows (amx_tile), where the row's width no longer counts
-        plan = dataclasses.replace(plan, kern=conv_kernel(isa, dtype, dw, g, pitched=True))
+        plan = dataclasses.replace(plan, kern=conv_kernel(isa, dtype, dw, g, pitched=True, pairs=pairs))
     if plan.dot or plan.float_taps:
         plan = dataclasses.replace(plan, bias=True)  # the expansion's per-channel terms
     # The buffers the plan sizes, refused before any TIR is made (TVM indexes in int32).

@@ -132,12 +132,17 @@ class Int8Plan:
             return (f"{kern.name}: AMX tdpbusd, {kern.a_tiles} x {kern.b_tiles} tiles of {kern.rows} pixels x 16 "
                     f"channels, uint8 x int8 as they are, zero points through the expansion, channels padded "
                     f"{self.g.cg} -> {self.cp} (K in steps of {K_DEPTH}){form}")
+        if isinstance(kern, IntGemmKernel) and kern.pairs:
+            return (f"{kern.name}: vpmaddubsw pairs ({kern.isa.name}, no VNNI), uint8 x int8 as they are, zero "
+                    f"points through the expansion; exact: every pair of weights it sums in 16 bits has "
+                    f"|w_a| + |w_b| <= 128 (7-bit weights, checked on the packed weights){form}")
         if isinstance(kern, IntGemmKernel) and kern.op == "u8s8":
             return (f"{kern.name}: vpdpbusd ({kern.isa.name}), uint8 x int8 as they are, zero points through "
                     f"the expansion{form}")
         if isinstance(kern, IntGemmKernel):
             return (f"{kern.name}: the int16 upcast, vpmaddwd on x - zp_x and w - zp_w packed once "
-                    f"({kern.isa.name}: no VNNI asked for or available, or int16 data){form}")
+                    f"({kern.isa.name}: no VNNI asked for or available, and weights not within the pair bound "
+                    f"of the vpmaddubsw tile (weight_bits=8); or int16 data){form}")
         return f"{kern.name}: NEON integer tile"
 
     @property

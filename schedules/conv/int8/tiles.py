@@ -10,6 +10,8 @@ else in the family names an ISA's tile.
     aarch64dot  sdot, int8 x int8 (expansion)    16      aarch64                DEFAULT_TILES    32767 (MAX_K_DOT)
     avx2        vpmaddwd, int16 x int16 (upcast) 2       avx2                   x86_tile         33025
     avx512      vpmaddwd, int16 x int16 (upcast) 2       avx512                 x86_tile         33025
+    (pairs)     vpmaddubsw, uint8 x int8         4       (as above)             x86_tile         16448
+                (AVX2 / AVX-512 layers whose weight pairs the bound admits: int8.pairs_fit)
     avxvnni     vpdpbusd, uint8 x int8           4       avx2                   x86_tile         16448 (MAX_K_VNNI)
     avx512vnni  vpdpbusd, uint8 x int8           4       avx512                 x86_tile         16448
     amxint8     tdpbusd, uint8 x int8            64      avx512                 amx_tile, or the avx512vnni tile
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from microkernels import AARCH64, AARCH64_DOT, AMX_INT8, ARM_ISAS, AVX2, AVX512, AVX512_VNNI, AVX_VNNI, NEON
 from microkernels import X86_INT_ISAS, Isa
 from microkernels.int_amx import K_DEPTH, TILE_ROWS, AmxGemmKernel, amx_tiles
-from microkernels.int_gemm import DEFAULT_TILES, IntGemmKernel
+from microkernels.int_gemm import DEFAULT_PAIR_TILES, DEFAULT_TILES, PAIR_OPS, IntGemmKernel
 from microkernels.int_gemm import max_tiles as x86_int_tiles
 from microkernels.int_mac import default_mac_kernel
 
@@ -44,6 +46,7 @@ MAX_K_VNNI = (2**31 - 1) // (4 * 255 * 128)  # 16448
 SDOT_BOUND = "sdot expansion (four terms, each up to 128*128*K)"
 VNNI_BOUND = "vpdpbusd expansion (four terms, each up to 255*128*K)"
 AMX_BOUND = "tdpbusd expansion (four terms, each up to 255*128*K)"  # uint8 x int8 as vpdpbusd
+PAIRS_BOUND = "vpmaddubsw expansion (four terms, each up to 255*128*K)"  # uint8 x int8 as vpdpbusd
 
 
 @dataclass(frozen=True)
@@ -82,14 +85,26 @@ TILES = {**ARM_TILES, **X86_TILES}
 assert set(ARM_TILES) == set(ARM_ISAS) and set(X86_TILES) == {*X86_INT_ISAS, AMX_INT8.name}
 
 
+def takes_pairs(isa: Isa, dtype: str, depthwise: bool) -> bool:
+    """Whether a layer whose weights fit the pair bound (int8.pairs_fit) runs on the vpmaddubsw
+    pairs tile: 8-bit GEMM layers on the ISAs without VNNI that have it (AVX2, AVX-512BW), where
+    it multiplies at 1.3x the upcast's rate on half the bytes. VNNI multiplies any weights
+    exactly; int16 data and depthwise layers take the int16 tile."""
+    return isa.name in PAIR_OPS and dtype != "int16" and not depthwise
+
+
 def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geometry | None = None,
-                pitched: bool = False):
+                pitched: bool = False, pairs: bool = False):
     """The tile a conv runs on, as the ISA's entry says: int16 data and depthwise layers on its
     `int16` ISA's tile (on the dotprod core, AArch64's s16 MAC: sdot cannot take int16, and a
     depthwise layer's channels-in-lanes path is an s16 MAC), shaped for the layer `g`; AMX's
     tiles where the layer's channels pad to whole 64-deep K steps cheaply (amx_tile; `pitched`:
-    for tiles over the flat run of rows, Int8Plan.pitch), else its fallback's (AVX-512 VNNI)."""
+    for tiles over the flat run of rows, Int8Plan.pitch), else its fallback's (AVX-512 VNNI).
+    pairs: the layer's weights fit the pair bound (PAIR_BOUND); where `takes_pairs`, the
+    vpmaddubsw tile instead of the upcast."""
     tiles = TILES[isa.name]
+    if pairs and takes_pairs(isa, dtype, depthwise):
+        return IntGemmKernel(isa, *x86_tile(isa, g, pairs=True), pairs=True)
     if dtype == "int16" or depthwise:
         isa = tiles.int16
         tiles = TILES[isa.name]
@@ -107,6 +122,8 @@ def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geome
 def exact_bound(kern) -> tuple[int, str]:
     """(the longest reduction `kern`'s int32 sums keep exact beyond MAX_K's, what bounds it), or
     (MAX_K, "") for the tiles that MAX_K alone bounds."""
+    if getattr(kern, "pairs", False):
+        return MAX_K_VNNI, PAIRS_BOUND
     tiles = TILES[kern.isa.name]
     return tiles.max_k, tiles.bound
 
@@ -171,7 +188,7 @@ def amx_tile(g: Geometry | None, pitched: bool = False) -> tuple[int, int, int] 
     return min((t for t in amx_tiles() if 16 * t[2] <= ceil_to(og, 16)), key=cost)
 
 
-def x86_tile(isa: Isa, g: Geometry | None) -> tuple[int, int]:
+def x86_tile(isa: Isa, g: Geometry | None, pairs: bool = False) -> tuple[int, int]:
     """(MR, NR) for a layer: of the tiles the register budget allows (MR <= 16), the one with the
     fewest cycles per useful output: a K step issues MR * NR/lanes multiplies and MR broadcasts
     of A plus NR/lanes rows of B, two multiplies and two loads per cycle on the cores we know, a
@@ -181,17 +198,20 @@ def x86_tile(isa: Isa, g: Geometry | None) -> tuple[int, int]:
     group's output channels (to whole NR). Ties: the most accumulators. With B's rows counted
     once, 16-register tiles (AVX2, AVX-VNNI) took 2 x 32, four rows of B per two pixels, which
     left ResNet-50's 3x3 layers L2-bound on a Zen 3 (64x56x56 3x3: 2.88 ms on 2 x 32, 1.77 on
-    4 x 16); the 32-register tiles (14 x 32, 7 x 32) are multiply-bound either way."""
+    4 x 16); the 32-register tiles (14 x 32, 7 x 32) are multiply-bound either way.
+    pairs: the vpmaddubsw tile, two multiplies per accumulator and K step (its own register
+    budget; DEFAULT_PAIR_TILES without a layer)."""
     if g is None:
-        return DEFAULT_TILES[isa.name]
+        return DEFAULT_PAIR_TILES[isa.name] if pairs else DEFAULT_TILES[isa.name]
     ow, og = g.out_hw[1], g.og
-    cands = [(mr, nr) for mr, nr in x86_int_tiles(isa, 4 * isa.lanes)
+    cands = [(mr, nr) for mr, nr in x86_int_tiles(isa, 4 * isa.lanes, pairs)
              if mr <= 16 and nr <= ceil_to(og, isa.lanes)]
+    muls = 2 if pairs else 1
 
     def cost(t):
         mr, nr = t
         nv = nr // isa.lanes
-        step = max(mr * nv, mr + 2 * nv) / (mr * nv)
+        step = max(muls * mr * nv, mr + 2 * nv) / (mr * nv)
         waste = ceil_to(ow, mr) / ow * ceil_to(og, nr) / og
         return round(step * waste, 3), -mr * nr, -nr
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from microkernels.int_gemm import PAIR_BOUND
+
 from .forms import PAIRED, SPACE_TO_DEPTH, WINOGRAD, paired, space_to_depth, winograd
 from .values import weight_shift
 
@@ -27,7 +29,10 @@ def pack_weights(plan, weight: np.ndarray, zp_w: int, zp_x8: int = 0) -> tuple:
         k = g.cg * g.kh * g.kw
         sums = w8.astype(np.int64).reshape(g.o, -1).sum(axis=1)
         bias = (-zp_x8 * sums + k * zp_x8 * zw8).astype(np.int32).reshape(plan.bias_shape)
-        return _gemm_weights(plan, w8, np.int8), bias
+        packed = _gemm_weights(plan, w8, np.int8)
+        if getattr(plan.kern, "pairs", False):
+            _check_pairs(packed, plan.kern.name)
+        return packed, bias
     w = weight.astype(np.int16) - np.int16(zp_w)
     if plan.form == PAIRED:
         w = paired.weights(w, plan.g.kw)
@@ -56,3 +61,39 @@ def _gemm_weights(plan, w: np.ndarray, dtype) -> np.ndarray:
     else:
         blocks = blocks.transpose(0, 1, 3, 4, 5, 2)
     return np.ascontiguousarray(blocks)
+
+
+def pair_sums(w8: np.ndarray) -> np.ndarray:
+    """|w_a| + |w_b| of the weight pairs the vpmaddubsw tile multiplies together in one 16-bit
+    sum, from OIHW int8 weights as the raw-8-bit tiles take them (after weight_shift): input
+    channels (2i, 2i + 1) of a group at each output channel and tap (the packing's groups of 4
+    channels hold two such pairs; an odd last channel meets a zero of the padding)."""
+    w = np.abs(w8.astype(np.int32))
+    if w.shape[1] % 2:
+        w = np.concatenate([w, np.zeros((w.shape[0], 1, *w.shape[2:]), np.int32)], axis=1)
+    return w[:, 0::2] + w[:, 1::2]
+
+
+def pairs_fit(weight: np.ndarray, weight_dtype: str | None = None) -> bool:
+    """Whether a layer's OIHW int8/uint8 weights keep every pair the vpmaddubsw tile multiplies
+    within PAIR_BOUND (|w_a| + |w_b| <= 128: then 255 * 128 = 32640 fits its saturating int16
+    sum and the tile is exact): true for all weights quantized to 7 bits ([-64, 64], ONNX
+    Runtime's reduce_range), rarely for full-range ones. What Quantization(weight_bits=7)
+    promises; pack_weights checks it again on the packed weights."""
+    dtype = weight_dtype or str(weight.dtype)
+    if dtype not in ("int8", "uint8"):
+        return False
+    w8 = weight.astype(np.int16) - weight_shift(dtype)
+    return weight.size == 0 or int(pair_sums(w8).max()) <= PAIR_BOUND
+
+
+def _check_pairs(packed: np.ndarray, name: str) -> None:
+    """The bound on the packed weights themselves, in the pairs the tile multiplies (each group
+    of 4 along the last axis: (0, 1) and (2, 3)): never a silently saturated sum."""
+    p = np.abs(packed.astype(np.int32)).reshape(-1, 2).sum(axis=1)
+    if p.size and p.max() > PAIR_BOUND:
+        bad = int((p > PAIR_BOUND).sum())
+        raise ValueError(f"{name} multiplies weights in pairs whose 16-bit sums saturate unless |w_a| + |w_b| <= "
+                         f"{PAIR_BOUND}; {bad} pair(s) of these weights exceed it (largest {int(p.max())}). The layer "
+                         "was compiled for 7-bit weights (weight_bits=7): quantize them to [-64, 64] (reduce_range), "
+                         "or compile it with weight_bits=8 (the exact int16 upcast)")

@@ -38,6 +38,12 @@ def _add_workloads(parser) -> None:
                         help="a packaged table's name (default resnet50_v1.5) or a CSV file's path")
 
 
+def _add_reduce_range(parser) -> None:
+    parser.add_argument("--reduce-range", action="store_true",
+                        help="with --int8: quantize_static(..., reduce_range=True), 7-bit weights ([-64, 64]), what "
+                             "ONNX Runtime recommends on x86 without VNNI (default: the full 8-bit range)")
+
+
 def check_tools() -> int:
     """One line per tool the ARM tests and `bench arm` need; 1 if any of them fails."""
     import shutil
@@ -138,6 +144,7 @@ def parser() -> argparse.ArgumentParser:
                        help="the model quantized by onnxruntime.quantization.quantize_static (QDQ, per-channel int8 "
                             "weights) from models/torch_style.py's module: ours (TVM's ONNX frontend, "
                             "schedules.relax.build) against ONNX Runtime and OpenVINO on the same QDQ model")
+        _add_reduce_range(r)
         r.add_argument("--autotune", action="store_true",
                        help="also build with optimize(autotune=True) (each conv layer's plans timed on this host) and "
                             "time it beside ours on the shipped rules alone")
@@ -156,6 +163,12 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--first-call", action="store_true",
                    help="only build ours and time its first call, printed as one JSON line (bench zoo --first-calls)")
     m.add_argument("--plot", metavar="FILE.png", help="also draw each engine's time per thread count (the plot extra)")
+    m.add_argument("--int8", action="store_true",
+                   help="the model's float32 ONNX (the file, or the torch module's export) quantized by "
+                        "onnxruntime.quantization.quantize_static (QDQ, per-channel int8 weights, uint8 activations, "
+                        "8 seeded random images): ours against ONNX Runtime and OpenVINO on the QDQ file, as "
+                        "`bench resnet50 --int8` does; always against the peers (--peers implied, the peers extra)")
+    _add_reduce_range(m)
     z = bsub.add_parser("zoo", help="bench model over a list of torchvision/timm classifiers: one table, the "
                                     "geo-mean and the worst ratio")
     z.add_argument("--models", nargs="+", default=None, metavar="SOURCE",
@@ -187,7 +200,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if getattr(args, "reduce_range", False) and not args.int8:
+        p.error("--reduce-range quantizes the --int8 model: add --int8")
+    if getattr(args, "int8", False) and getattr(args, "first_call", False):
+        p.error("--first-call times the float32 build alone: drop --int8 or --first-call")
 
     if args.cmd == "regen-asm":
         from intrinsics import golden as tile_golden
@@ -248,7 +266,10 @@ def main(argv=None) -> int:
         if args.what == "model" and args.first_call:
             print(model.FIRST_CALL + json.dumps(model.first_call(args.source, threads[-1], args.target)), flush=True)
             return 0
-        if args.what == "model":
+        if args.what == "model" and args.int8:
+            result = model.run_int8(args.source, threads, log, args.batch, args.shape, args.repeat, args.target,
+                                    args.reduce_range)
+        elif args.what == "model":
             result = model.run(args.source, threads, log, args.batch, args.shape, args.peers, args.repeat, args.target)
         else:
             models = args.models or list(zoo.DEFAULT)
@@ -261,14 +282,12 @@ def main(argv=None) -> int:
         if args.int8:
             from benchmarks import int8
 
-            result = int8.run_network(args.what, threads, args.repeat, log, args.target)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({k: v for k, v in result.items() if k != "report"}, f, indent=2)
-            return 0
-        default_tvm = not args.peers if args.tvm_default is None else args.tvm_default
-        result = network.run(isa, threads, args.repeat, log, default_tvm=default_tvm, model=args.what,
-                             style=args.style, peers=args.peers, batches=args.batch, autotune=args.autotune)
+            result = int8.run_network(args.what, threads, args.repeat, log, args.target,
+                                      reduce_range=args.reduce_range)
+        else:
+            default_tvm = not args.peers if args.tvm_default is None else args.tvm_default
+            result = network.run(isa, threads, args.repeat, log, default_tvm=default_tvm, model=args.what,
+                                 style=args.style, peers=args.peers, batches=args.batch, autotune=args.autotune)
     elif args.what == "compile":
         from benchmarks import compile as compile_bench
 
@@ -307,8 +326,8 @@ def main(argv=None) -> int:
         result = gemm.run(isa, args.sizes or gemm.SIZES, threads, args.repeat, args.sweep, log, args.breakdown,
                           args.exhaustive)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        with open(args.json, "w") as f:  # the int8 networks' op report: in the log already, not JSON
+            json.dump({k: v for k, v in result.items() if k != "report"}, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
     if getattr(args, "plot", None):
         _plot(args, result, threads, log)

@@ -25,6 +25,7 @@ from schedules.common.targets import float_isa, int_isa, resolve, set_threads
 
 from . import peers
 from .turns import take_turns
+from .zoo import first_input
 
 # The quantization of the bench's layers: activations uint8 around a zero point, weights int8
 # per output channel (symmetric, as onnxruntime.quantization writes them), output uint8.
@@ -169,51 +170,53 @@ def _summary(rows: list[dict], log) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Whole networks: `bench resnet50 --int8 --peers`
+# Whole networks: `bench resnet50 --int8 [--reduce-range]`, and `bench model SOURCE --int8` (model.run_int8)
 
 
-def qdq_network(name: str, path: str, calibration: int = 8, seed: int = 0) -> tuple[str, tuple]:
-    """The PyTorch module as a user writes it (models/torch_style.py, BatchNorm kept), exported to
-    ONNX, then quantized the way onnxruntime.quantization.quantize_static writes it: QDQ format,
-    per-channel int8 weights, uint8 activations, calibrated on `calibration` random images.
-    Returns (the QDQ model's path, the input shape)."""
-    import warnings
+# What quantize's QDQ models hold, as the log line says it; reduce_range: 7-bit weights, as ONNX Runtime
+# recommends on x86 without VNNI, where u8 x s8 pair sums then fit vpmaddubsw's 16 bits unsaturated.
+QUANTIZATION = {False: "per-channel int8 weights (default: 8-bit, [-127, 127]), uint8 activations",
+                True: "per-channel int8 weights (reduce_range: 7-bit, [-64, 64]), uint8 activations"}
 
-    import torch
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
 
-    from models import torch_style
+def quantize(fp32: str, path: str, shape: tuple, reduce_range: bool = False, calibration: int = 8,
+             seed: int = 0) -> str:
+    """The float32 ONNX model at `fp32` quantized by onnxruntime.quantization.quantize_static into
+    `path`: QDQ format, per-channel int8 weights (7-bit with reduce_range), uint8 activations,
+    calibrated on `calibration` random seeded inputs of `shape` fed to the model's first input."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    model = torch_style.build(name, seed)
-    shape = (1, 3, 224, 224)
-    fp32 = path.replace(".onnx", "_fp32.onnx")
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.zeros(shape),), fp32, dynamo=False, opset_version=17,
-                          input_names=["x"], output_names=["y"])
+    name = first_input(onnx.load(fp32, load_external_data=False)).name
     rng = np.random.default_rng(seed)
+    batches = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(calibration)])
 
     class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(calibration)])
-
         def get_next(self):
-            return next(self.batches, None)
+            return next(batches, None)
 
-    quantize_static(fp32, path, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+    quantize_static(fp32, path, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=reduce_range,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    return path, shape
+    return path
 
 
-def run_network(name: str, thread_counts, repeat: int, log, target: str = "native", samples: int = 100) -> dict:
+def qdq_network(name: str, path: str, reduce_range: bool = False, seed: int = 0) -> tuple[str, tuple]:
+    """The PyTorch module as a user writes it (models/torch_style.py, BatchNorm kept), exported to
+    ONNX beside `path`, then quantized into `path` (quantize). Returns (path, the input shape)."""
+    from models import torch_style
+
+    shape = (1, 3, 224, 224)
+    fp32 = peers.export(torch_style.build(name, seed), shape, os.path.join(os.path.dirname(path), "fp32.onnx"))
+    return quantize(fp32, path, shape, reduce_range, seed=seed), shape
+
+
+def run_network(name: str, thread_counts, repeat: int, log, target: str = "native", samples: int = 100,
+                reduce_range: bool = False, make=None) -> dict:
     """Ours (the QDQ model through tvm.relax.frontend.onnx and schedules.relax.build) against ONNX
     Runtime and OpenVINO on the same QDQ model: latency per thread count, engines taking turns,
-    and the outputs compared on `samples` random images (largest difference, top-1 agreement)."""
+    and the outputs compared on `samples` random images (largest difference, top-1 agreement).
+    make(path, reduce_range) writes the QDQ model to path and returns (path, input shape); by
+    default qdq_network of the torch_style network `name` (bench model: its SOURCE, model.run_int8)."""
     import onnx
     import tvm
     from tvm import relax
@@ -227,15 +230,18 @@ def run_network(name: str, thread_counts, repeat: int, log, target: str = "nativ
 
     onnxruntime.set_default_logger_severity(3)  # not a warning per unused initializer the quantizer left
     tmp = tempfile.TemporaryDirectory(prefix="mk-int8-net-")
-    out = {"model": name, "rows": []}
+    out = {"model": name, "rows": [], "quantization": {"reduce_range": reduce_range, "weight_bits": 7 if reduce_range
+                                                        else 8, "description": QUANTIZATION[reduce_range]}}
+    make = make or (lambda path, reduce_range: qdq_network(name, path, reduce_range))
     try:
-        path, shape = qdq_network(name, os.path.join(tmp.name, f"{name}_qdq.onnx"))
-        mod = from_onnx(onnx.load(path), keep_params_in_input=False)
+        path, shape = make(os.path.join(tmp.name, "qdq.onnx"), reduce_range)
+        model = onnx.load(path)
+        mod = from_onnx(model, shape_dict={first_input(model).name: shape}, keep_params_in_input=False)
         report: list = []
         vm = relax.VirtualMachine(build(mod, target, report=report), tvm.cpu())
         convs = [r for r in report if r.get("op") in ("qconv2d", "qdense")]
         ours_n = sum(r["runs_on"] == "ours" for r in convs)
-        log(f"{name}, QDQ (quantize_static: per-channel int8 weights, uint8 activations): {ours_n} of {len(convs)} "
+        log(f"{name}, QDQ (quantize_static: {QUANTIZATION[reduce_range]}): {ours_n} of {len(convs)} "
             f"quantized convs and fully connected layers on our int8 conv2d")
         for r in convs:
             if r["runs_on"] != "ours":
@@ -254,7 +260,7 @@ def run_network(name: str, thread_counts, repeat: int, log, target: str = "nativ
             best = min(secs["ORT"], secs["OV"])
             log(f"  {threads} thread(s): ours {1e3 * secs['ours']:.2f} ms, ORT {1e3 * secs['ORT']:.2f} ms, "
                 f"OV {1e3 * secs['OV']:.2f} ms; ours/best peer {secs['ours'] / best:.2f}")
-            out["rows"].append({"threads": threads, "seconds": secs})
+            out["rows"].append({"threads": threads, "seconds": secs, "ms": {k: 1e3 * v for k, v in secs.items()}})
         found = _agreement(vm, path, shape, samples)
         log(f"  outputs on {samples} random images (top-1 agreement, largest logit difference); reference: the "
             "QDQ graph as written, run by ORT with its optimizations off:")

@@ -13,7 +13,8 @@ VM (network.profile and breakdown: our convs, our other ops, TVM's lowering, lay
 names the heaviest functions outside our kernels. "first call" is the seconds of ours' first
 call in this process (export, import, optimize, compile, or the compile cache's copy);
 `bench zoo --first-calls` measures it in fresh processes, cold (an empty cache folder) and
-cached (the same folder again).
+cached (the same folder again). `bench model SOURCE --int8` (run_int8) quantizes the model's float32
+ONNX with quantize_static and runs it as the int8 network commands do (int8.run_network).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class _Ours:
             import schedules
 
             model = onnx.load(src.onnx_path)
-            name = next(i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer})
+            name = zoo.first_input(model).name
             mod = onnx_frontend.from_onnx(model, shape_dict={name: x.shape}, keep_params_in_input=False)
             ex = schedules.relax.build(mod, target, threads=threads, report=self.report)
             self.vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -183,6 +184,23 @@ def run(source: str, threads: list[int], log, batch: int = 1, image: tuple | Non
         if exports is not None:
             exports.close()
     return result
+
+
+def run_int8(source: str, threads: list[int], log, batch: int = 1, image: tuple | None = None, repeat: int = 10,
+             target: str = "native", reduce_range: bool = False) -> dict:
+    """`bench model SOURCE --int8`: the model's float32 ONNX (the file, or the torch module's export)
+    quantized by int8.quantize, then ours against ONNX Runtime and OpenVINO on the QDQ file as the
+    network commands run theirs (int8.run_network)."""
+    from . import int8
+
+    src = zoo.load(source)
+    shape = (batch, *(image or src.image))
+
+    def make(path: str, reduce_range: bool) -> tuple[str, tuple]:
+        fp32 = src.onnx_path or peers.export(src.module, shape, os.path.join(os.path.dirname(path), "fp32.onnx"))
+        return int8.quantize(fp32, path, shape, reduce_range), shape
+
+    return int8.run_network(source, threads, repeat, log, target, reduce_range=reduce_range, make=make)
 
 
 def first_call(source: str, threads: int, target: str = "native") -> dict:

@@ -96,6 +96,16 @@ def openvino(path: str, x: np.ndarray, threads: int) -> Engine:
     return Engine("OpenVINO", ov.__version__.split("-")[0], precision, run)
 
 
+def export(model, shape: tuple, path: str) -> str:
+    """The PyTorch module written to `path` as ONNX for inputs of `shape` (TorchScript exporter, opset OPSET)."""
+    import torch
+
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(model, (torch.zeros(shape),), path, dynamo=False, opset_version=OPSET)
+    return path
+
+
 class Peers:
     """ONNX exports of one PyTorch module and the engines on them (module docstring)."""
 
@@ -107,16 +117,11 @@ class Peers:
 
     def export(self, x: np.ndarray) -> str:
         """The module exported to ONNX for inputs of x's shape (once per shape)."""
-        import torch
-
         if x.shape not in self._exports:
             if self._dir is None:
                 self._dir = tempfile.TemporaryDirectory(prefix="mk-peers-")
             path = os.path.join(self._dir.name, f"model_{'x'.join(map(str, x.shape))}.onnx")
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-                torch.onnx.export(self.model, (torch.from_numpy(x),), path, dynamo=False, opset_version=OPSET)
-            self._exports[x.shape] = path
+            self._exports[x.shape] = export(self.model, x.shape, path)
         return self._exports[x.shape]
 
     def engines(self, x: np.ndarray, threads: int) -> list[Engine]:

@@ -128,10 +128,14 @@ def onnx_image(path: str) -> tuple:
     dimension is symbolic."""
     import onnx
 
-    model = onnx.load(path, load_external_data=False)
-    inits = {i.name for i in model.graph.initializer}
-    first = next(i for i in model.graph.input if i.name not in inits)
+    first = first_input(onnx.load(path, load_external_data=False))
     dims = [d.dim_value if d.HasField("dim_value") else None for d in first.type.tensor_type.shape.dim]
     if len(dims) != 4:
         raise ValueError(f"{path}: its input {first.name!r} has {len(dims)} dimensions; bench model takes NCHW images")
     return tuple(d or dflt for d, dflt in zip(dims[1:], IMAGE))
+
+
+def first_input(model):
+    """An ONNX model's first graph input that is not an initializer (its ValueInfoProto)."""
+    inits = {i.name for i in model.graph.initializer}
+    return next(i for i in model.graph.input if i.name not in inits)

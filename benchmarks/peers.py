@@ -97,12 +97,14 @@ def openvino(path: str, x: np.ndarray, threads: int) -> Engine:
 
 
 def export(model, shape: tuple, path: str) -> str:
-    """The PyTorch module written to `path` as ONNX for inputs of `shape` (TorchScript exporter, opset OPSET)."""
+    """The PyTorch module written to `path` as ONNX for inputs of `shape` (TorchScript exporter, opset
+    OPSET), its input named x (the exporter's own "input.1" TVM's ONNX frontend renames, with a warning)."""
     import torch
 
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(model, (torch.zeros(shape),), path, dynamo=False, opset_version=OPSET)
+        torch.onnx.export(model, (torch.zeros(shape),), path, dynamo=False, opset_version=OPSET, input_names=["x"],
+                          output_names=["y"])
     return path
 
 

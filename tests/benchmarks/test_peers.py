@@ -55,3 +55,19 @@ def test_an_engine_that_does_not_import_is_skipped_with_its_reason(monkeypatch):
     names = [e.name for e in p.engines(x, threads=1)]
     p.close()
     assert "OpenVINO" not in names and names[-1] == "PyTorch"
+
+
+def test_export_names_the_input_x_so_tvm_does_not_rename_it(tmp_path):
+    """peers.export (the int8 benches' float32 ONNX): the input named x, not the exporter's "input.1",
+    which TVM's ONNX frontend renames with a UserWarning on every bench run."""
+    onnx = pytest.importorskip("onnx", reason="onnx is in the peers extra: pip install -e \".[peers]\"")
+    import warnings
+
+    from tvm.relax.frontend.onnx import from_onnx
+
+    path = peers.export(_tiny(), (1, 3, 8, 8), str(tmp_path / "tiny.onnx"))
+    model = onnx.load(path)
+    assert [i.name for i in model.graph.input] == ["x"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from_onnx(model, shape_dict={"x": (1, 3, 8, 8)}, keep_params_in_input=False)

@@ -105,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
                    help="int8: each layer quantized (uint8 x int8 -> uint8) on our int8 conv2d beside our float32 one, "
                         "ONNX Runtime and OpenVINO on a one-layer QDQ model (target: native, x86-avx512vnni, "
                         "x86-avxvnni, x86-avx512 or x86-avx2 for the upcast)")
+    c.add_argument("--reduce-range", action="store_true",
+                   help="with --dtype int8: 7-bit weights ([-64, 64], as quantize_static(reduce_range=True) writes "
+                        "them) for every engine, ours told so (weight_bits=7: the exact vpmaddubsw tile without VNNI)")
     c.add_argument("--layout", choices=["NCHW", "NHWC"], default="NCHW",
                    help="with --dtype int8: our layers' data and output layout (NHWC: channels-last, as the QDQ "
                         "networks run them); the peers take the NCHW QDQ model either way")
@@ -202,8 +205,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if getattr(args, "reduce_range", False) and not args.int8:
-        p.error("--reduce-range quantizes the --int8 model: add --int8")
+    if getattr(args, "reduce_range", False) and not (getattr(args, "int8", False) or getattr(args, "dtype", "") == "int8"):
+        p.error("--reduce-range quantizes the int8 model: add --int8 (bench conv2d: --dtype int8)")
     if getattr(args, "int8", False) and getattr(args, "first_call", False):
         p.error("--first-call times the float32 build alone: drop --int8 or --first-call")
 
@@ -305,7 +308,7 @@ def main(argv=None) -> int:
         if args.dtype == "int8":
             from benchmarks import int8
 
-            result = int8.run(layers, threads, args.repeat, log, args.target, args.layout)
+            result = int8.run(layers, threads, args.repeat, log, args.target, args.layout, args.reduce_range)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(result, f, indent=2)

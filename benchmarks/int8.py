@@ -35,13 +35,17 @@ ROUNDS = 2  # rounds of turns per layer and per network (module doc, turns.take_
 FORM_TAGS = {"winograd": " wino", "paired": " pair"}
 
 
-def quantized_layer(layer, seed: int = 0) -> dict:
-    """Random uint8 data, int8 weights with per-channel scales, an int32 bias at scale sx * sw."""
+def quantized_layer(layer, seed: int = 0, reduce_range: bool = False) -> dict:
+    """Random uint8 data, int8 weights with per-channel scales (7-bit, [-64, 64], with
+    reduce_range: as quantize_static(reduce_range=True) writes them), an int32 bias at scale sx * sw."""
     rng = np.random.default_rng(seed)
     (n, c, h, w), w_shape = layer.shapes
     sw = (rng.uniform(0.5, 1.5, w_shape[0]) / np.sqrt(w_shape[1] * w_shape[2] * w_shape[3]) / 64).astype(np.float32)
+    top = 64 if reduce_range else 127
+    if reduce_range:
+        sw = sw * np.float32(2)  # the same real weights on half the steps
     return {"x": rng.integers(0, 256, (n, c, h, w)).astype(np.uint8),
-            "w": rng.integers(-127, 128, w_shape).astype(np.int8),
+            "w": rng.integers(-top, top + 1, w_shape).astype(np.int8),
             "bias": rng.integers(-2000, 2000, w_shape[0]).astype(np.int32), "sw": sw}
 
 
@@ -76,25 +80,31 @@ def qdq_model(layer, q: dict, path: str) -> str:
     return path
 
 
-def ours(layer, q: dict, target: str, threads: int, layout: str = "NCHW"):
-    """Our op and its bound call on the layer's data (channels-last data with layout NHWC)."""
+def ours(layer, q: dict, target: str, threads: int, layout: str = "NCHW", weight_bits: int = 8):
+    """Our op and its bound call on the layer's data (channels-last data with layout NHWC);
+    weight_bits=7: 7-bit weights, the vpmaddubsw tile where the ISA lacks VNNI."""
     (n, c, h, w), w_shape = layer.shapes
     shape = (n, h, w, c) if layout == "NHWC" else (n, c, h, w)
     op = schedules.conv2d(shape, w_shape, **layer.kwargs, dtype="uint8", target=target, threads=threads,
                           input_zero_point=ZX, output_dtype="uint8", input_scale=SX, weight_scale=q["sw"],
-                          output_scale=SY, output_zero_point=ZY, bias=True, data_layout=layout)
+                          output_scale=SY, output_zero_point=ZY, bias=True, data_layout=layout,
+                          weight_bits=weight_bits)
     return op, op.bind(q["w"], q["bias"])
 
 
-def run(layers, thread_counts, repeat: int, log, target: str = "native", layout: str = "NCHW") -> dict:
+def run(layers, thread_counts, repeat: int, log, target: str = "native", layout: str = "NCHW",
+        reduce_range: bool = False) -> dict:
+    """reduce_range: 7-bit weights ([-64, 64]) for every engine, ours told so (weight_bits=7)."""
     isa = int_isa(target, resolve(target))
     fisa = float_isa(resolve(target))  # our float32 conv2d at the same vector width
-    log(f"int8 conv2d on {isa.name} ({layout} data and output), float32 on {fisa.name} (NCHW); quantization: x uint8 (scale {SX}, zero point {ZX}), weights int8 per "
-        f"channel, y uint8 (scale {SY}, zero point {ZY}); warm caches, weights packed beforehand")
+    weights = "7-bit ([-64, 64], reduce_range)" if reduce_range else "8-bit ([-127, 127])"
+    log(f"int8 conv2d on {isa.name} ({layout} data and output), float32 on {fisa.name} (NCHW); quantization: x uint8 "
+        f"(scale {SX}, zero point {ZX}), weights int8 {weights} per channel, y uint8 (scale {SY}, zero point {ZY}); "
+        "warm caches, weights packed beforehand")
     skipped = [why for why in map(peers.missing, peers.NEEDS) if why]
     for why in skipped:
         log(why)
-    out = {"isa": isa.name, "layers": []}
+    out = {"isa": isa.name, "weight_bits": 7 if reduce_range else 8, "layers": []}
     tmp = tempfile.TemporaryDirectory(prefix="mk-int8-")
     try:
         for threads in thread_counts:
@@ -103,8 +113,8 @@ def run(layers, thread_counts, repeat: int, log, target: str = "native", layout:
                 f"{'OV ms':>8s} {'int8/best':>9s} {'max diff':>8s} {'ORT/OV diff':>11s}")
             rows = []
             for i, layer in enumerate(layers):
-                q = quantized_layer(layer, seed=i)
-                op, f = ours(layer, q, target, threads, layout)
+                q = quantized_layer(layer, seed=i, reduce_range=reduce_range)
+                op, f = ours(layer, q, target, threads, layout, 7 if reduce_range else 8)
                 x = q["x"] if layout == "NCHW" else np.ascontiguousarray(q["x"].transpose(0, 2, 3, 1))
                 turns = {"int8": lambda f=f, x=x: f(x)}
                 number = max(1, int(2e-3 / max(_quick(turns["int8"]), 1e-6)))

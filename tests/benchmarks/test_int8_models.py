@@ -57,10 +57,25 @@ def test_cli_parses_reduce_range():
 
 
 def test_reduce_range_without_int8_is_refused(capsys):
-    for cmd in (["resnet50"], ["model", "x.onnx"]):
+    for cmd in (["resnet50"], ["model", "x.onnx"], ["conv2d"]):
         with pytest.raises(SystemExit):
             cli.main(["bench", *cmd, "--reduce-range"])
-        assert "--reduce-range quantizes the --int8 model: add --int8" in capsys.readouterr().err, cmd
+        assert "--reduce-range quantizes the int8 model: add --int8 (bench conv2d: --dtype int8)" \
+            in capsys.readouterr().err, cmd
+
+
+def test_layer_bench_reduce_range_gives_every_engine_7_bit_weights_and_ours_weight_bits_7(monkeypatch):
+    """`bench conv2d --dtype int8 --reduce-range`: the layer's weights span [-64, 64] (64 reached),
+    the default's reach past it, and our op is compiled with weight_bits=7 (the pairs tile on AVX2)."""
+    from benchmarks import int8
+    from benchmarks.conv2d import load_workloads
+
+    assert cli.parser().parse_args(["bench", "conv2d", "--dtype", "int8", "--reduce-range"]).reduce_range
+    layer = load_workloads("resnet50_v1.5")[1]
+    w7, w8 = (int8.quantized_layer(layer, 0, rr)["w"] for rr in (True, False))
+    assert np.abs(w7).max() == 64 and np.abs(w8).max() > 64
+    op, _ = int8.ours(layer, int8.quantized_layer(layer, 0, True), "x86-avx2", 1, "NHWC", 7)
+    assert op.quant.weight_bits == 7 and op.plan.kern.pairs, op.plan.why
 
 
 @pytest.mark.parametrize("flags, reduce_range", [([], False), (["--reduce-range"], True)])

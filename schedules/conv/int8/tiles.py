@@ -213,6 +213,9 @@ def x86_tile(isa: Isa, g: Geometry | None, pairs: bool = False) -> tuple[int, in
         nv = nr // isa.lanes
         step = max(muls * mr * nv, mr + 2 * nv) / (mr * nv)
         waste = ceil_to(ow, mr) / ow * ceil_to(og, nr) / og
+        if pairs:  # multiply-bound alike: then the fewest loads per accumulator (4 x 16 over 2 x 32: 1.4%
+            # faster over ResNet-50's 1x1 and strided layers, 17% on 128 x 56 x 56 3x3 stride 2, Zen 3)
+            return round(step * waste, 3), (mr + 2 * nv) / (mr * nv), -nr
         return round(step * waste, 3), -mr * nr, -nr
 
     return min(cands, key=cost)

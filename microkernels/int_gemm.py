@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .f32_gemm import TileError, batch_loops
+from . import int_requant
 from .isa import AVX2, AVX512, AVX512_VNNI, AVX_VNNI, X86_INT_ISAS, Isa, normalize_ints
 
 # ISA name -> (operation, A dtype, B dtype, k per group): what each ISA multiplies with.
@@ -68,7 +69,7 @@ PAIR_OPS = {
 # exact for any uint8 data: 255 * 128 = 32640 <= 32767 (and 255 * 129 = 32895 is not).
 PAIR_BOUND = 128
 OUT_DTYPES = ("uint8", "int8", "float32")
-_OUT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+_OUT_RANGE = int_requant.OUT_RANGE
 _OUT_SUFFIX = {"uint8": "qu8", "int8": "qs8", "float32": "qf32"}
 
 
@@ -203,9 +204,7 @@ def default_int_kernel(isa_name: str, pairs: bool = False, **variant) -> IntGemm
 
 def _vec(kern: IntGemmKernel, elem: str) -> str:
     """The vector type of one register of `elem`: i32 lanes, or the bytes / words they hold."""
-    lanes = kern.isa.lanes
-    return {"i32": f"<{lanes} x i32>", "i8": f"<{4 * lanes} x i8>", "i16": f"<{2 * lanes} x i16>",
-            "float": f"<{lanes} x float>"}[elem]
+    return int_requant.vec(kern.isa.lanes, elem)
 
 
 def _pmaddwd(kern: IntGemmKernel) -> str:
@@ -267,62 +266,6 @@ def _k_step(kern: IntGemmKernel, acc: str, nacc: str) -> list[str]:
     return out
 
 
-def _requant_params(kern: IntGemmKernel) -> str:
-    return ", ptr noalias %bias, ptr noalias %scale, i32 %zp, i32 %lo, i32 %hi" if kern.requant else ""
-
-
-def _store(kern: IntGemmKernel, value) -> list[str]:
-    """The tile's one store: the int32 accumulators, or their requantized values."""
-    vi, vf, lanes, nv = _vec(kern, "i32"), _vec(kern, "float"), kern.isa.lanes, kern.vectors_per_row
-    q = kern.requant
-    out = []
-    if q:
-        for j in range(nv):
-            out.append(f"  %biasp{j} = getelementptr inbounds i32, ptr %bias, i64 {j * lanes}")
-            out.append(f"  %biasv{j} = load {vi}, ptr %biasp{j}, align 4")
-            out.append(f"  %scp{j} = getelementptr inbounds float, ptr %scale, i64 {j * lanes}")
-            out.append(f"  %scv{j} = load {vf}, ptr %scp{j}, align 4")
-    if q in _OUT_RANGE:
-        # Clamping the rounded value to [lo - zp, hi - zp] before converting it keeps fptosi in
-        # range, and gives what clamping after adding zp would.
-        for v, expr in (("zpv", "%zp"), ("lof", "%lomz"), ("hif", "%himz")):
-            if v != "zpv":
-                src = "%lo" if v == "lof" else "%hi"
-                out.append(f"  {expr}i = sub i32 {src}, %zp")
-                out.append(f"  {expr} = sitofp i32 {expr}i to float")
-                ty, e = "float", expr
-            else:
-                ty, e = "i32", expr
-            vt = vf if ty == "float" else vi
-            out.append(f"  %{v}i = insertelement {vt} poison, {ty} {e}, i64 0")
-            out.append(f"  %{v} = shufflevector {vt} %{v}i, {vt} poison, <{lanes} x i32> zeroinitializer")
-    ct = {"uint8": "i8", "int8": "i8", "float32": "float", None: "i32"}[q]
-    for i in range(kern.mr):
-        out.append(f"  %crow{i} = mul i64 {i}, %ldc64")
-        for j in range(nv):
-            x = value(i, j)
-            out.append(f"  %co{i}_{j} = add i64 %crow{i}, {j * lanes}")
-            out.append(f"  %cp{i}_{j} = getelementptr inbounds {ct}, ptr %c, i64 %co{i}_{j}")
-            if not q:
-                out.append(f"  store {vi} {x}, ptr %cp{i}_{j}, align 4")
-                continue
-            t = f"{i}_{j}"
-            out.append(f"  %qb{t} = add {vi} {x}, %biasv{j}")
-            out.append(f"  %qf{t} = sitofp {vi} %qb{t} to {vf}")
-            out.append(f"  %qs{t} = fmul {vf} %qf{t}, %scv{j}")
-            if q == "float32":
-                out.append(f"  store {vf} %qs{t}, ptr %cp{i}_{j}, align 4")
-                continue
-            out.append(f"  %qr{t} = call {vf} @llvm.roundeven.v{lanes}f32({vf} %qs{t})")
-            out.append(f"  %ql{t} = call {vf} @llvm.maxnum.v{lanes}f32({vf} %qr{t}, {vf} %lof)")
-            out.append(f"  %qh{t} = call {vf} @llvm.minnum.v{lanes}f32({vf} %ql{t}, {vf} %hif)")
-            out.append(f"  %qi{t} = fptosi {vf} %qh{t} to {vi}")
-            out.append(f"  %qz{t} = add {vi} %qi{t}, %zpv")
-            out.append(f"  %qt{t} = trunc {vi} %qz{t} to <{lanes} x i8>")
-            out.append(f"  store <{lanes} x i8> %qt{t}, ptr %cp{i}_{j}, align 1")
-    return out
-
-
 def _generate(kern: IntGemmKernel) -> str:
     """Accumulators and loop counters live in allocas, which LLVM's SROA turns back into
     registers (as in the FP32 brgemm); the plain tile is the batch of one."""
@@ -333,7 +276,7 @@ def _generate(kern: IntGemmKernel) -> str:
     batch = ", i32 %n1, i32 %sa1, i32 %n2, i32 %sa2, i32 %n3, i32 %sa3" if kern.batch_reduce else ""
     out = [
         f"define internal void @{kern.name}(ptr noalias %a, i32 %lda, ptr noalias %b, i32 %ldb,"
-        f" ptr noalias %c, i32 %ldc, i32 %k{batch}{_requant_params(kern)}) alwaysinline {{",
+        f" ptr noalias %c, i32 %ldc, i32 %k{batch}{int_requant.params(kern)}) alwaysinline {{",
         "entry:",
     ]
     counts = ("n1", "sa1", "n2", "sa2", "n3", "sa3") if kern.batch_reduce else ()
@@ -360,11 +303,8 @@ def _generate(kern: IntGemmKernel) -> str:
     out += batch_loops(a_elem, elem, mr, "%kg", step)
     for i, j in tiles:
         out.append(f"  %res{i}_{j} = load {vi}, ptr %slot{i}_{j}, align 64")
-    out += _store(kern, lambda i, j: f"%res{i}_{j}")
+    out += int_requant.store(kern, lambda i, j: f"%res{i}_{j}")
     out += ["  ret void", "}", decl] + ([_pmaddwd(kern)] if kern.op == "u8s7" else [])
-    if kern.requant in _OUT_RANGE:
-        vf = _vec(kern, "float")
-        out += [f"declare {vf} @llvm.{f}.v{lanes}f32({vf}{f', {vf}' if f != 'roundeven' else ''})"
-                for f in ("roundeven", "maxnum", "minnum")]
+    out += int_requant.declarations(kern)
     out += ["!0 = distinct !{!0, !1}", '!1 = !{!"llvm.loop.unroll.disable"}', ""]
     return "\n".join(out)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from intrinsics.int_gemm import intrin_name, register_int_gemm
 from intrinsics.tile_module import TileLayout, compile_tile
 from microkernels import TileError, asm
-from microkernels.int_gemm import IntGemmKernel, default_int_kernel, max_tiles
+from microkernels.int_gemm import IntGemmKernel, default_int_kernel, max_tiles, out_range
 from microkernels.isa import AVX2, AVX512, AVX512_VNNI, AVX_VNNI, X86_INT_ISAS
 
 from ..testers.common import layouts
@@ -185,6 +185,30 @@ def test_requantized_store_is_onnx_rounding_bit_for_bit(isa, out):
     if out != "float32":
         lo, hi = (0, 255) if out == "uint8" else (-128, 127)
         assert lo in seen and hi in seen and len(seen) > 20, "the data did not reach both bounds and the middle"
+
+
+@pytest.mark.parametrize("kern", [
+    IntGemmKernel(AVX2, 3, 24, batch_reduce=True, requant="uint8", pairs=True),  # packed store, an odd vector
+    IntGemmKernel(AVX2, 4, 16, batch_reduce=True, requant="int8", pairs=True),
+    IntGemmKernel(AVX_VNNI, 2, 8, batch_reduce=True, requant="uint8"),
+    IntGemmKernel(AVX512, 2, 48, batch_reduce=True, requant="int8", pairs=True),  # the generic store
+], ids=lambda k: f"{k.name}-{how(k.isa)}")
+def test_requantized_store_saturates_values_past_int32(kern):
+    """Scales that carry float32(acc + bias) * scale past int32's range both ways (the packed
+    store's vcvtps2dq then gives INT_MIN, which its saturating packs must keep at the low end),
+    and a ReLU bound and an upper bound inside the dtype's range: every output is lo or hi where
+    the reference says so, bit for bit, with random zero points and the relu'd lower bound."""
+    lo, hi = out_range(kern.requant)
+    rng = np.random.default_rng(5)
+    seen = set()
+    for seed in range(4):
+        scale = (rng.choice([-1, 1], kern.nr) * 10.0 ** rng.uniform(-6, 6, kern.nr)).astype(np.float32)
+        scale[::3] = np.abs(scale[::3]) * 1e5  # past int32 for most accumulators
+        zp = int(rng.integers(lo, hi + 1))
+        bounds = [(zp, lo, hi), (zp, max(lo, zp), hi), (zp, lo + 3, hi - 5)][seed % 3]
+        tile, _ = KernelCallTester(kern, 8 * kern.group, (2, 1, 1)).test(seed, bounds, scale=np.abs(scale))
+        seen |= set(np.unique(tile).tolist())
+    assert lo in seen and hi in seen and len(seen) > 10, sorted(seen)
 
 
 @pytest.mark.parametrize("isa", [AVX512_VNNI, AVX_VNNI, AVX2], ids=how)

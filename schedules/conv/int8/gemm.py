@@ -6,7 +6,11 @@ straight from each tile (tile_store)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tvm import s_tir
+
+from microkernels.int_gemm import IntGemmKernel
 
 from intrinsics.beta0 import drop_dead_inits
 from intrinsics.int_conv import IntConvTile, register_int_conv, thread_setup
@@ -118,6 +122,11 @@ def render(plan, dtype: str, zp: int, tile_blocks, zw8: int = 0) -> tuple[list[s
         L.append(f"    WS = T.alloc_buffer(({g.n}, {g.groups}, {oh}, {ow}), 'int32')")
     if not plan.in_place(dtype):
         L += forms.pack(plan, dtype, zp)
+    if plan.fused_store and tile_blocks is tensorized_tile:
+        # One call per tile of the kernel's requantizing batch-reduce variant, straight into Out.
+        L += [f"    for c in T.parallel({plan.chunks}):",
+              f"      for fc, tt in T.grid({plan.tasks // plan.chunks}, {owp // mr}):"]
+        return L + fused_tile(plan, tile), tile
     if plan.tile_local:
         # The tasks below, in chunks: a chunk's tasks run one after another on one thread, so
         # they can share its tile of accumulators (a tile per task would be no smaller than the
@@ -168,6 +177,46 @@ def render(plan, dtype: str, zp: int, tile_blocks, zw8: int = 0) -> tuple[list[s
     return L, tile
 
 
+def fused_kernel(plan) -> IntGemmKernel:
+    """The kernel of a fused-store layer (Int8Plan.fused_store): the plan's tile as a batch-reduce
+    call over the kernel rows (and, dilated, the taps of a row) that stores requantized."""
+    return dataclasses.replace(plan.kern, batch_reduce=True, requant=plan.output_dtype)
+
+
+def fused_tile(plan, tile: IntConvTile) -> list[str]:
+    """The block 'qtile': one call of `fused_kernel` per tile of MR pixels x NR channels, its A
+    at the window's first packed pixel, B at the output block's weights, C at the tile's first
+    output, the bias and multipliers of its NR channels; the batch walks the kernel rows (n1, a
+    dilated row apart) and, with dilation along the width, a row's taps (n2), in the weights'
+    packed order (KH, KW, C/G, NR, G), as the conv tile's implementation does."""
+    g, kern = plan.g, fused_kernel(plan)
+    mr, nr, cp = kern.mr, kern.nr, plan.cp
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    _, _, hp, wp, _ = plan.packed_shape
+    t = task_parts(plan)
+    o0 = f"vg * {g.og} + vob * {nr}"
+    n2, sa2 = (1, 0) if dw == 1 else (g.kw, dw * cp)
+    lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[plan.output_dtype]
+    if plan.activation == "relu":
+        lo = max(lo, plan.zp_out)
+    rows, cols = (g.kh - 1) * dh + 1, (mr - 1) * sw + (g.kw - 1) * dw + 1
+    w_rest = ", ".join(f"0:{e}" for e in plan.weight_shape[2:])
+    body = [
+        f"vn = T.axis.spatial({g.n}, {t['n']})", f"vg = T.axis.spatial({g.groups}, {t['g']})",
+        f"vob = T.axis.spatial({plan.op // nr}, {t['ob']})", f"vy = T.axis.spatial({plan.task_rows}, {t['y']})",
+        f"vx0 = T.axis.spatial({plan.ow_padded}, tt * {mr})",
+        f"T.reads(P[vn, vg, vy * {sh}:vy * {sh} + {rows}, vx0 * {sw}:vx0 * {sw} + {cols}, 0:{cp}], "
+        f"Wv[vg, vob, {w_rest}], Bias[vg, vob * {nr}:vob * {nr} + {nr}], M[{o0}:{o0} + {nr}])",
+        f"T.writes(Out[vn, vy, vx0:vx0 + {mr}, {o0}:{o0} + {nr}])",
+        "with T.attr(0, 'pragma_import_llvm', fused_ir):",
+        f"    T.evaluate(T.call_extern('void', '{kern.name}', T.address_of(P[vn, vg, vy * {sh}, vx0 * {sw}, 0]), "
+        f"{sw * cp}, T.address_of(Wv[vg, vob, {', '.join('0' for _ in plan.weight_shape[2:])}]), {tile.group * nr}, "
+        f"T.address_of(Out[vn, vy, vx0, {o0}]), {g.o}, {tile.k_run}, {g.kh}, {dh * wp * cp}, {n2}, {sa2}, 1, 0, "
+        f"T.address_of(Bias[vg, vob * {nr}]), T.address_of(M[{o0}]), {plan.zp_out}, {lo}, {hi}))",
+    ]
+    return ["        with T.sblock('qtile'):", *(f"            {line}" for line in body)]
+
+
 def tile_store(plan) -> list[str]:
     """Channels-last output (x86): each tile's MR x NR accumulators leave right after its
     reduction, while they are in L1, requantized along the NR channels (contiguous on both
@@ -200,6 +249,11 @@ def schedule(plan, dtype: str, zp_x: int, tensorize: bool = True, zw8: int = 0):
     accumulators inside, NR vectorized (what a good TIR schedule gets from LLVM without a
     hand-written kernel: `bench arm`'s baseline); on x86 every stage on all threads."""
     text, tile = render(plan, dtype, zp_x, tensorized_tile if tensorize else vectorized_tile, zw8)
+    if tensorize and plan.fused_store:
+        sch = s_tir.Schedule(parse(text, fused_ir=fused_kernel(plan).llvm_ir()))
+        if plan.parallel:
+            parallel_stages(sch, plan)
+        return sch.mod
     sch = s_tir.Schedule(parse(text, **thread_setup(plan.kern, "")[2]))
     blk = sch.get_sblock("conv")
     loops = sch.get_loops(blk)

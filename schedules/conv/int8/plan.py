@@ -75,6 +75,20 @@ class Int8Plan:
                 and self.form != WINOGRAD)
 
     @property
+    def fused_store(self) -> bool:
+        """Whether each tile leaves requantized from the kernel's registers (the x86 GEMM kernel's
+        requantizing batch-reduce variant, IntGemmKernel(requant=...), one call per tile) instead
+        of through an MR x NR int32 scratch tile and the TIR store (gemm.tile_store): tile-local
+        layers of an 8-bit output with the per-channel bias, no residual add, and only whole tiles
+        (rows of whole tiles, groups of whole NR blocks, no pitch), which the kernel can write
+        without a predicate. It saves the scratch round trip and the store's loop: MobileNetV2's
+        16 -> 96 1x1 layer at 112 x 112 (K = 16) spent more time storing than multiplying."""
+        g = self.g
+        return (self.tile_local and isinstance(self.kern, IntGemmKernel) and self.output_dtype in ("uint8", "int8")
+                and self.bias and self.residual is None and not self.pitch and self.ow_padded == g.out_hw[1]
+                and self.op == g.og and self.activation in (None, "relu"))
+
+    @property
     def pitch(self) -> int:
         """Padded input pixels per row where the tiles run over the packed rows laid back to back
         (IntConvTile.pitch), else 0: tile-local layers of stride 1 without dilation whose kernel

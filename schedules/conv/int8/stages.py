@@ -11,8 +11,8 @@ def parallel_stages(sch, plan) -> None:
     """The pack and the unpack on all threads. The unpack transposes: it walks NR output channels
     of a row at a time, so the tile of accumulators it reads (OW x NR int32) stays in L1 while
     NR output rows are written, and vectorizes along the row (strided loads, one vector store)."""
-    if forms.parallel(sch, plan):
-        return  # the form's stages include the output (Winograd's output transform)
+    if forms.parallel(sch, plan) or plan.fused_store:
+        return  # the form's stages include the output (Winograd's output transform), or the tiles store it
     if has_block(sch, "store"):  # the tiles store their own output (gemm.tile_store)
         # Vectorized along the channels unless the tile overhangs the group's: TIR would then
         # vectorize the store past the predicate that crops it.

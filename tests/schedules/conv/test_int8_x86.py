@@ -539,3 +539,40 @@ def test_paired_rows_go_only_where_they_apply(shape, wshape, kw):
     """The paired form only where it saves products on the upcast; elsewhere the layer's own."""
     args = dict(padding=1, dtype="uint8", data_layout="NHWC", target="x86-avx2") | kw
     assert schedules.conv2d(shape, wshape, **args).plan.form != "paired"
+
+
+@pytest.mark.parametrize("target", ["x86-avx2", "x86-avx512", "x86-avx512vnni"])
+def test_fused_store_is_the_tir_store_bit_for_bit(target, monkeypatch):
+    """Channels-last 8-bit layers of whole tiles store from the kernel's registers
+    (Int8Plan.fused_store: the packed vcvtps2dq / vpackssdw store on ymm, the generic one on
+    zmm): the same bytes as the TIR store of the int32 scratch tile, uint8 and int8, with and
+    without ReLU, scales reaching both saturation bounds; a residual add or a partial tile keeps
+    the TIR store."""
+    from schedules.conv.int8.plan import Int8Plan
+
+    run = _run_args(target)
+    rng = np.random.default_rng(11)
+    fused = Int8Plan.fused_store
+    cases = [((1, 14, 14, 16), (96, 16, 1, 1), 1, 0, "uint8", "relu"), ((1, 9, 12, 24), (32, 24, 3, 3), 2, 1, "int8", None),
+             ((1, 8, 8, 64), (48, 64, 1, 1), 1, 0, "int8", "relu")]
+    for shape, wshape, stride, pad, out, act in cases:
+        lo, hi = RANGE[out]
+        zp = int(rng.integers(lo, hi + 1))
+        kw = dict(stride=stride, padding=pad, dtype="uint8", target=target, input_zero_point=100, output_dtype=out,
+                  input_scale=0.02, weight_scale=rng.uniform(0.2, 5, wshape[0]).astype(np.float32) * 1e-2,
+                  output_scale=0.05, output_zero_point=zp, data_layout="NHWC", bias=True, activation=act, **run)
+        x = rng.integers(0, 256, shape).astype(np.uint8)
+        w = rng.integers(-128, 128, wshape).astype(np.int8)
+        b = rng.integers(-5000, 5000, wshape[0]).astype(np.int32)
+        ours = schedules.conv2d(shape, wshape, **kw)
+        assert ours.plan.fused_store, ours.plan
+        monkeypatch.setattr(Int8Plan, "fused_store", property(lambda self: False))
+        tir = schedules.conv2d(shape, wshape, **kw)
+        monkeypatch.setattr(Int8Plan, "fused_store", fused)
+        got, want = ours(x, w, b), tir(x, w, b)
+        np.testing.assert_array_equal(got, want)
+        assert lo in got or (act == "relu" and zp in got), "no output reached the lower bound"
+    residual = schedules.conv2d((1, 8, 8, 16), (16, 16, 1, 1), dtype="uint8", target=target, input_zero_point=1,
+                                output_dtype="uint8", input_scale=0.1, weight_scale=0.1, output_scale=1.0,
+                                data_layout="NHWC", bias=True, residual=True, residual_scale=0.5, sum_scale=1.0, **run)
+    assert residual.plan.tile_local and not residual.plan.fused_store

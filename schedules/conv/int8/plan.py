@@ -154,9 +154,10 @@ class Int8Plan:
             return (f"{kern.name}: vpdpbusd ({kern.isa.name}), uint8 x int8 as they are, zero points through "
                     f"the expansion{form}")
         if isinstance(kern, IntGemmKernel):
+            why = ("Winograd's transformed weights take the upcast whatever weight_bits says" if self.form == WINOGRAD
+                   else "weights not within the pair bound of the vpmaddubsw tile (weight_bits=8); or int16 data")
             return (f"{kern.name}: the int16 upcast, vpmaddwd on x - zp_x and w - zp_w packed once "
-                    f"({kern.isa.name}: no VNNI asked for or available, and weights not within the pair bound "
-                    f"of the vpmaddubsw tile (weight_bits=8); or int16 data){form}")
+                    f"({kern.isa.name}: no VNNI asked for or available; {why}){form}")
         return f"{kern.name}: NEON integer tile"
 
     @property

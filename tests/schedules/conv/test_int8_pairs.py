@@ -138,6 +138,7 @@ def test_plan_says_which_tile_and_why(target, bits, tile):
     wino = schedules.conv2d((1, 64, 14, 14), (64, 64, 3, 3), padding=1, dtype="uint8", target="x86-avx2",
                             weight_bits=7, **_run("x86-avx2"))
     assert wino.plan.form == "winograd" and not wino.plan.kern.pairs
+    assert "Winograd's transformed weights take the upcast" in wino.plan.why and "weight_bits=8" not in wino.plan.why
 
 
 @pytest.mark.parametrize("bits, dtype, msg", [

@@ -434,6 +434,7 @@ class _QdqConvs(PyExprMutator):
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 _MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
 _MEAN = tvm.ir.Op.get("relax.mean")
+_CONCAT = tvm.ir.Op.get("relax.concat")
 
 
 def _axes(call) -> list[int] | None:
@@ -444,8 +445,8 @@ def _axes(call) -> list[int] | None:
 class _ChannelsLast(PyExprMutator):
     """One sweep: permute_dims(permute_dims(t, TO_NCHW), TO_NHWC) -> t, and an op that only moves
     values within a tensor's channels or pixels (quantize, dequantize, add, relu, max_pool2d,
-    mean over the pixels) taking `permute_dims(t, TO_NCHW)` for each 4-D input -> the same op on
-    the channels-last `t`, then one permute back. Repeated, the permutes of our channels-last
+    mean over the pixels, concat along the channels) taking `permute_dims(t, TO_NCHW)` for each
+    4-D input -> the same op on the channels-last `t`, then one permute back. Repeated, the permutes of our channels-last
     convs meet and cancel across the residual adds and pools between them."""
 
     def __init__(self, mod):
@@ -474,6 +475,8 @@ class _ChannelsLast(PyExprMutator):
     def _channels_last(self, call):
         if not isinstance(call.op, tvm.ir.Op):
             return None
+        if call.op.same_as(_CONCAT):
+            return self._concat(call)
         four = [a for a in call.args if exprs.shape(a) is not None and len(exprs.shape(a)) == 4]
         if not four or any(self._source(a) is None for a in four):
             return None
@@ -499,6 +502,23 @@ class _ChannelsLast(PyExprMutator):
                 return None
             return relax.op.mean(args[0], axis=[1, 2], keepdims=True)
         return None
+
+
+    def _concat(self, call):
+        """concat((permute_dims(t_i, TO_NCHW), ...), axis=1) -> concat((t_i, ...), axis=3):
+        Inception's and DenseNet's branches joined channels-last, without a transpose each."""
+        parts = call.args[0]
+        if isinstance(parts, relax.Var):
+            parts = self.lookup_binding(parts)
+        if not isinstance(parts, relax.Tuple) or call.attrs.axis is None:
+            return None
+        shapes = [exprs.shape(p) for p in parts.fields]
+        if any(sh is None or len(sh) != 4 for sh in shapes) or int(call.attrs.axis) not in (1, -3):
+            return None
+        sources = [self._source(p) for p in parts.fields]
+        if any(t is None for t in sources):
+            return None
+        return relax.op.concat(sources, axis=3)
 
 
 def channels_last(mod: tvm.IRModule, sweeps: int = 64) -> tvm.IRModule:

@@ -45,7 +45,31 @@ def _net():
     return net.eval()
 
 
-def _quantized(d, reduce_range: bool):
+def _inception():
+    """Two conv branches and a max-pool branch joined by a channel concat, then a conv: the shape
+    of GoogLeNet's blocks."""
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 16, 3, padding=1)
+            self.a = nn.Conv2d(16, 8, 1)
+            self.b = nn.Sequential(nn.Conv2d(16, 8, 1), nn.ReLU(), nn.Conv2d(8, 24, 3, padding=1))
+            self.pool = nn.MaxPool2d(3, 1, 1)
+            self.c = nn.Conv2d(16, 8, 1)
+            self.head = nn.Conv2d(40, 16, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.stem(x))
+            y = torch.cat([torch.relu(self.a(y)), torch.relu(self.b(y)), torch.relu(self.c(self.pool(y)))], 1)
+            return self.head(y)
+
+    torch.manual_seed(1)
+    return Net().eval()
+
+
+def _quantized(d, reduce_range: bool, net=None):
     """_net() exported and quantized by quantize_static in `d`: (the imported module, the QDQ
     file, the input shape); reduce_range: 7-bit weights, as ONNX Runtime advises for hosts
     without VNNI."""
@@ -58,7 +82,7 @@ def _quantized(d, reduce_range: bool):
 
     fp32, q = str(d / "net.onnx"), str(d / "net_qdq.onnx")
     shape = (1, 3, 40, 36)
-    torch.onnx.export(_net(), (torch.zeros(shape),), fp32, dynamo=False, opset_version=17, input_names=["x"])
+    torch.onnx.export(net or _net(), (torch.zeros(shape),), fp32, dynamo=False, opset_version=17, input_names=["x"])
     rng = np.random.default_rng(0)
 
     class Reader(CalibrationDataReader):
@@ -78,6 +102,11 @@ def _quantized(d, reduce_range: bool):
 @pytest.fixture(scope="module")
 def qdq(tmp_path_factory):
     return _quantized(tmp_path_factory.mktemp("qdq"), False)
+
+
+@pytest.fixture(scope="module")
+def qdq_concat(tmp_path_factory):
+    return _quantized(tmp_path_factory.mktemp("qdq_concat"), True, _inception())
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +218,21 @@ def test_7bit_model_matches_onnx_runtime_int8_on_every_host(qdq7):
     for x, got, (session, reference, scale) in _runs(mod, path, shape, 4):
         for other in (reference.run(None, {"x": x})[0], session.run(None, {"x": x})[0]):
             assert np.abs(got - other).max() <= scale * 1.0001, np.abs(got - other).max() / scale
+
+
+def test_concat_of_branches_stays_channels_last(qdq_concat):
+    """An Inception block's channel concat joins the branches channels-last: no permute between
+    our convs (one at the input, one at the output), the concat along axis 3, the max pool on the
+    8-bit channels-last tensor; the output within one quantization step of the graph as written."""
+    mod, path, shape = qdq_concat
+    report = []
+    out = schedules.relax.optimize(mod, report=report, lower=False)
+    assert _ops(out, "relax.permute_dims") == 2
+    concats = []
+    relax.analysis.post_order_visit(out["main"], lambda e: concats.append(e) if isinstance(e, relax.Call) and isinstance(
+        e.op, tvm.ir.Op) and e.op.name == "relax.concat" else None)
+    assert len(concats) == 1 and int(concats[0].attrs.axis) == 3
+    assert all(r["runs_on"] == "ours" for r in report if r["op"] == "qconv2d")
+    for x, got, (session, reference, scale) in _runs(mod, path, shape, 6, n=3):
+        want = reference.run(None, {"x": x})[0]
+        assert np.abs(got - want).max() <= scale * 1.0001, np.abs(got - want).max() / scale

@@ -33,6 +33,15 @@ def const(expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, GenericConst) else None
 
 
+def scalar_const(expr):
+    """A constant holding one value (any shape of one element), as a Python number; else None."""
+    if isinstance(expr, GenericConst):
+        v = expr.value.numpy()
+        if v.size == 1:
+            return v.reshape(-1)[0].item()
+    return None
+
+
 def uses(func: relax.Function) -> dict:
     """Var -> number of bindings (and the function's result) that use it."""
     count: dict = {}

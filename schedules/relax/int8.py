@@ -60,6 +60,7 @@ from ..common.targets import int_isa, resolve
 from ..conv import int8
 from ..conv.geometry import ConvParams, Geometry, PostOps, Quantization
 from ..conv.int8 import MAX_K
+from .qconcat import quantized_concats
 from . import exprs
 
 ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -199,13 +200,7 @@ _MATMUL = tvm.ir.Op.get("relax.matmul")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 
 
-def _scalar_const(expr):
-    """A constant holding one value (any shape of one element), as a Python number; else None."""
-    if isinstance(expr, GenericConst):
-        v = expr.value.numpy()
-        if v.size == 1:
-            return v.reshape(-1)[0].item()
-    return None
+_scalar_const = exprs.scalar_const
 
 
 class _QdqChain:
@@ -576,4 +571,4 @@ def qdq_convs(mod: tvm.IRModule, target="native", threads=None, report: list | N
     mod = relax.transform.DeadCodeElimination()(exprs.mutate(mod, _IntegerMaxPools(mod, report)))
     mutator = _QdqConvs(mod, target, threads, report)
     mod = exprs.mutate(mod, mutator, mutator.plan)
-    return channels_last(mod) if mutator.chains else mod
+    return quantized_concats(channels_last(mod), report) if mutator.chains else mod

@@ -60,10 +60,13 @@ def test_bench_gemm(clone):
 
 def test_bench_gemm_int8_prints_each_isa_peak_and_tile(clone):
     from microkernels import X86_INT_ISAS
+    from microkernels.int_gemm import PAIR_OPS
 
     out = cli(clone, "-m", "microkernels", "bench", "gemm", "--int8")
     runs = [n for n, isa in X86_INT_ISAS.items() if isa.host_supports()]
-    assert "FP32 FMA peak" in out and out.count("measured vp") == len(runs), out
+    pairs = [n for n in runs if n in PAIR_OPS]  # and the vpmaddubsw pairs probe and tile on each ISA without VNNI
+    assert "FP32 FMA peak" in out and out.count("measured vp") == len(runs) + len(pairs), out
+    assert out.count("(pairs) peak") == len(pairs) and out.count("tile mk_u8s7_gemm") == len(pairs), out
     for line in (ln for ln in out.splitlines() if "L1-resident" in ln):
         pct = float(line.split("GOP/s")[1].split("%")[0])
         assert 0 < pct < 150, line

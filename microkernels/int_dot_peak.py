@@ -28,8 +28,13 @@ class DotPeakKernel:
             raise TileError(f"no integer peak probe for {self.isa.name}; expected one of {sorted(ops)}")
 
     @property
+    def _ops(self) -> tuple:
+        """(op, A dtype, B dtype, k per group) as the tile of this ISA (and variant) has them."""
+        return (PAIR_OPS if self.pairs else OPS)[self.isa.name]
+
+    @property
     def op(self) -> str:
-        return (PAIR_OPS if self.pairs else OPS)[self.isa.name][0]
+        return self._ops[0]
 
     @property
     def chains(self) -> int:
@@ -46,7 +51,7 @@ class DotPeakKernel:
 
     def ops(self, iters: int) -> int:
         """Integer operations (a multiply and an add per MAC) that `iters` iterations perform."""
-        return 2 * self.isa.lanes * (PAIR_OPS if self.pairs else OPS)[self.isa.name][3] * self.chains * iters
+        return 2 * self.isa.lanes * self._ops[3] * self.chains * iters
 
     def llvm_ir(self) -> str:
         lanes, bits, n = self.isa.lanes, self.isa.vector_bits, self.chains

@@ -21,13 +21,15 @@ import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator, expr_functor
 
+from microkernels.int_gemm import out_range
+from microkernels.int_requant import OUT_RANGE
+
 from ..common.tir import parse
 from . import exprs
 
 _QUANTIZE = tvm.ir.Op.get("relax.quantize")
 _DEQUANTIZE = tvm.ir.Op.get("relax.dequantize")
 _CONCAT = tvm.ir.Op.get("relax.concat")
-_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 
 
 def _bound(mutator, expr):
@@ -39,7 +41,7 @@ def concat_func(shapes: list[tuple], dtype: str, quant: list[tuple], out_q: tupl
     point), concatenated along the channels into one output at `out_q`."""
     n, h, w = shapes[0][:3]
     p, total = n * h * w, sum(s[3] for s in shapes)
-    lo, hi = _RANGE[dtype]
+    lo, hi = out_range(dtype)
     so, zo = out_q
     params = [f"X{i}: T.Buffer({tuple(s)}, '{dtype}')" for i, s in enumerate(shapes)]
     lines = ["@T.prim_func(s_tir=True)", f"def main({', '.join(params)}, Out: T.Buffer(({n}, {h}, {w}, {total}), '{dtype}')):",
@@ -94,7 +96,7 @@ class _QuantizedConcats(PyExprMutator):
                 return call
             xs.append(x)
             quant.append(q)
-        if dtype not in _RANGE or None in out_q or len({exprs.shape(x)[:3] for x in xs}) != 1:
+        if dtype not in OUT_RANGE or None in out_q or len({exprs.shape(x)[:3] for x in xs}) != 1:
             return call
         shapes = [exprs.shape(x) for x in xs]
         name = f"mk_qconcat_{self.count}"

@@ -19,7 +19,7 @@ from ...common.tir import parse
 from . import forms
 from .entry import entry
 from .forms import WINOGRAD, winograd
-from .output import output
+from .output import bounds, output
 from .stages import parallel_stages
 
 
@@ -196,9 +196,7 @@ def fused_tile(plan, tile: IntConvTile) -> list[str]:
     t = task_parts(plan)
     o0 = f"vg * {g.og} + vob * {nr}"
     n2, sa2 = (1, 0) if dw == 1 else (g.kw, dw * cp)
-    lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[plan.output_dtype]
-    if plan.activation == "relu":
-        lo = max(lo, plan.zp_out)
+    lo, hi = bounds(plan)
     rows, cols = (g.kh - 1) * dh + 1, (mr - 1) * sw + (g.kw - 1) * dw + 1
     w_rest = ", ".join(f"0:{e}" for e in plan.weight_shape[2:])
     body = [

@@ -4,6 +4,15 @@ float32 dequantized), then the fused quantized residual add (QLinearAdd's rule).
 
 from __future__ import annotations
 
+from microkernels.int_gemm import out_range
+
+
+def bounds(plan) -> tuple[int, int]:
+    """The 8-bit output's saturation bounds (lo, hi): the dtype's range, lo raised to the output's
+    zero point by a fused ReLU. The TIR store (`output`) and the kernel's (gemm.fused_tile) both."""
+    lo, hi = out_range(plan.output_dtype)
+    return (max(lo, plan.zp_out), hi) if plan.activation == "relu" else (lo, hi)
+
 
 def output(plan, acc: str, o: str, idx: str) -> str:
     """TVMScript of the output element Out[idx] from its accumulator `acc` (output channel `o`):
@@ -20,16 +29,14 @@ def output(plan, acc: str, o: str, idx: str) -> str:
     real = f"T.Cast('float32', {acc}) * M[{o}]"
     if out == "float32":
         return f"T.max({real}, T.float32(0))" if plan.activation == "relu" else real
-    lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[out]
+    lo, hi = bounds(plan)
     zp = plan.zp_out
-    if plan.activation == "relu":
-        lo = max(lo, zp)
     clamped = f"T.max(T.min(T.round({real}), T.float32({hi - zp})), T.float32({lo - zp}))"
     if plan.residual is not None:
         # y - zp is the clamped value itself; the sum is clamped to the dtype's range around its
         # own zero point, then converted, as above.
         ra, rb, zr, zz = plan.residual
-        lo, hi = {"uint8": (0, 255), "int8": (-128, 127)}[out]
+        lo, hi = out_range(out)
         total = (f"T.float32({ra!r}) * {clamped} + T.float32({rb!r}) * "
                  f"T.Cast('float32', T.Cast('int32', R[{idx}]) - T.int32({zr}))")
         clamped = f"T.max(T.min(T.round({total}), T.float32({hi - zz})), T.float32({lo - zz}))"

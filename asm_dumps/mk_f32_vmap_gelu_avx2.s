@@ -4,202 +4,207 @@ main_compute_:
  vbroadcastss .L0(%rip), %ymm0
  vbroadcastss .L1(%rip), %ymm1
  vbroadcastss .L2(%rip), %ymm6
- vxorps %xmm7, %xmm7, %xmm7
- vpbroadcastd .L3(%rip), %ymm8
- vpbroadcastd .L4(%rip), %ymm9
- vbroadcastss .L5(%rip), %ymm3
+ vpbroadcastd .L3(%rip), %ymm7
+ vpbroadcastd .L4(%rip), %ymm8
+ vbroadcastss .L5(%rip), %ymm4
+ vxorps %xmm5, %xmm5, %xmm5
  jmp .L6
 .L7:
  vbroadcastss .L8(%rip), %ymm2
- vminps %ymm2, %ymm11, %ymm13
- vpsrld $23, %ymm13, %ymm2
- vpminud %ymm8, %ymm2, %ymm2
- vpaddd %ymm2, %ymm9, %ymm2
- vbroadcastf128 .L9(%rip), %ymm4
- vpermilps %ymm2, %ymm4, %ymm4
- vsubps %ymm4, %ymm13, %ymm4
+ vminps %ymm2, %ymm9, %ymm11
+ vpsrld $23, %ymm11, %ymm12
+ vpminud %ymm7, %ymm12, %ymm12
+ vpaddd %ymm8, %ymm12, %ymm12
+ vbroadcastf128 .L9(%rip), %ymm13
+ vpermilps %ymm12, %ymm13, %ymm13
+ vsubps %ymm13, %ymm11, %ymm13
  vbroadcastf128 .L10(%rip), %ymm14
- vpermilps %ymm2, %ymm14, %ymm14
+ vpermilps %ymm12, %ymm14, %ymm14
  vbroadcastf128 .L11(%rip), %ymm15
- vpermilps %ymm2, %ymm15, %ymm15
- vfmadd231ps %ymm14, %ymm4, %ymm15
+ vpermilps %ymm12, %ymm15, %ymm15
+ vfmadd231ps %ymm14, %ymm13, %ymm15
  vbroadcastf128 .L12(%rip), %ymm14
- vpermilps %ymm2, %ymm14, %ymm14
- vfmadd231ps %ymm15, %ymm4, %ymm14
+ vpermilps %ymm12, %ymm14, %ymm14
+ vfmadd231ps %ymm15, %ymm13, %ymm14
  vbroadcastf128 .L13(%rip), %ymm15
- vpermilps %ymm2, %ymm15, %ymm15
- vfmadd231ps %ymm14, %ymm4, %ymm15
+ vpermilps %ymm12, %ymm15, %ymm15
+ vfmadd231ps %ymm14, %ymm13, %ymm15
  vbroadcastf128 .L14(%rip), %ymm14
- vpermilps %ymm2, %ymm14, %ymm14
- vfmadd231ps %ymm15, %ymm4, %ymm14
+ vpermilps %ymm12, %ymm14, %ymm14
+ vfmadd231ps %ymm15, %ymm13, %ymm14
  vbroadcastf128 .L15(%rip), %ymm15
- vpermilps %ymm2, %ymm15, %ymm15
- vfmadd231ps %ymm14, %ymm4, %ymm15
+ vpermilps %ymm12, %ymm15, %ymm15
+ vfmadd231ps %ymm14, %ymm13, %ymm15
  vbroadcastf128 .L16(%rip), %ymm14
- vpermilps %ymm2, %ymm14, %ymm14
- vfmadd231ps %ymm15, %ymm4, %ymm14
+ vpermilps %ymm12, %ymm14, %ymm14
+ vfmadd231ps %ymm15, %ymm13, %ymm14
  vbroadcastf128 .L17(%rip), %ymm15
- vpermilps %ymm2, %ymm15, %ymm15
- vfmadd231ps %ymm14, %ymm4, %ymm15
+ vpermilps %ymm12, %ymm15, %ymm15
+ vfmadd231ps %ymm14, %ymm13, %ymm15
  vbroadcastf128 .L18(%rip), %ymm14
- vpermilps %ymm2, %ymm14, %ymm14
- vfmadd231ps %ymm15, %ymm4, %ymm14
+ vpermilps %ymm12, %ymm14, %ymm14
+ vfmadd231ps %ymm15, %ymm13, %ymm14
  vbroadcastf128 .L19(%rip), %ymm15
- vpermilps %ymm2, %ymm15, %ymm2
- vfmadd231ps %ymm14, %ymm4, %ymm2
- vcmpltps %ymm13, %ymm1, %ymm4
- vbroadcastss .L20(%rip), %ymm5
- vdivps %ymm13, %ymm5, %ymm14
- vbroadcastss .L21(%rip), %ymm5
- vaddps %ymm5, %ymm14, %ymm14
+ vpermilps %ymm12, %ymm15, %ymm12
+ vbroadcastss .L20(%rip), %ymm2
+ vdivps %ymm11, %ymm2, %ymm15
+ vfmadd231ps %ymm14, %ymm13, %ymm12
+ vcmpltps %ymm11, %ymm1, %ymm13
+ vbroadcastss .L21(%rip), %ymm2
+ vaddps %ymm2, %ymm15, %ymm14
  vbroadcastss .L22(%rip), %ymm15
- vbroadcastss .L23(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm14, %ymm15
- vbroadcastss .L24(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm14, %ymm15
- vbroadcastss .L25(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm14, %ymm15
- vbroadcastss .L26(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm14, %ymm15
- vbroadcastss .L27(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm14, %ymm15
- vblendvps %ymm4, %ymm15, %ymm2, %ymm2
- vbroadcastss .L28(%rip), %ymm4
- vmulps %ymm4, %ymm13, %ymm4
- vmulps %ymm4, %ymm13, %ymm14
+ vbroadcastss .L23(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm14, %ymm15
+ vbroadcastss .L24(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm14, %ymm15
+ vbroadcastss .L25(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm14, %ymm15
+ vbroadcastss .L26(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm14, %ymm15
+ vbroadcastss .L27(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm14, %ymm15
+ vblendvps %ymm13, %ymm15, %ymm12, %ymm12
+ vbroadcastss .L28(%rip), %ymm13
+ vmulps %ymm13, %ymm11, %ymm13
+ vmulps %ymm13, %ymm11, %ymm14
  vbroadcastss .L29(%rip), %ymm15
  vmulps %ymm15, %ymm14, %ymm14
  vroundps $8, %ymm14, %ymm14
  vbroadcastss .L30(%rip), %ymm15
  vmulps %ymm15, %ymm14, %ymm15
- vfmadd231ps %ymm4, %ymm13, %ymm15
- vbroadcastss .L31(%rip), %ymm4
- vfmadd231ps %ymm4, %ymm14, %ymm15
- vmulps %ymm15, %ymm15, %ymm4
+ vfmadd231ps %ymm13, %ymm11, %ymm15
+ vbroadcastss .L31(%rip), %ymm11
+ vfmadd231ps %ymm11, %ymm14, %ymm15
+ vmulps %ymm15, %ymm15, %ymm11
  vbroadcastss .L32(%rip), %ymm13
- vbroadcastss .L33(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm15, %ymm13
- vbroadcastss .L34(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm15, %ymm13
- vbroadcastss .L35(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm15, %ymm13
- vfmadd213ps %ymm3, %ymm15, %ymm13
- vfmadd213ps %ymm15, %ymm4, %ymm13
- vfmadd132ps %ymm2, %ymm2, %ymm13
- vcvttps2dq %ymm14, %ymm2
- vpsrad $1, %ymm2, %ymm2
- vcvtdq2ps %ymm2, %ymm2
- vsubps %ymm2, %ymm14, %ymm4
- vcvttps2dq %ymm2, %ymm2
- vpslld $23, %ymm2, %ymm2
+ vbroadcastss .L33(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm15, %ymm13
+ vbroadcastss .L34(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm15, %ymm13
+ vbroadcastss .L35(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm15, %ymm13
+ vfmadd213ps %ymm4, %ymm15, %ymm13
+ vfmadd213ps %ymm15, %ymm11, %ymm13
+ vfmadd132ps %ymm12, %ymm12, %ymm13
+ vcvttps2dq %ymm14, %ymm11
+ vpsrad $1, %ymm11, %ymm11
+ vcvtdq2ps %ymm11, %ymm11
+ vsubps %ymm11, %ymm14, %ymm12
+ vcvttps2dq %ymm11, %ymm11
+ vpslld $23, %ymm11, %ymm11
  vpbroadcastd .L20(%rip), %ymm14
- vpaddd %ymm2, %ymm14, %ymm2
- vmulps %ymm2, %ymm13, %ymm2
- vcvttps2dq %ymm4, %ymm4
- vpslld $23, %ymm4, %ymm4
- vpaddd %ymm4, %ymm14, %ymm4
- vmulps %ymm4, %ymm2, %ymm2
- vmaxps %ymm7, %ymm10, %ymm4
- vsubps %ymm2, %ymm4, %ymm2
- vcmpltps %ymm6, %ymm11, %ymm4
- vblendvps %ymm4, %ymm12, %ymm2, %ymm2
- vbroadcastss .L36(%rip), %ymm4
- vcmpltps %ymm4, %ymm10, %ymm4
- vbroadcastss .L37(%rip), %ymm5
- vblendvps %ymm4, %ymm5, %ymm2, %ymm2
- vcmpunordps %ymm7, %ymm10, %ymm4
- vblendvps %ymm4, %ymm10, %ymm2, %ymm10
- vmovups %ymm10, 32(%rsi,%rax,4)
+ vpaddd %ymm14, %ymm11, %ymm11
+ vmulps %ymm11, %ymm13, %ymm11
+ vcvttps2dq %ymm12, %ymm12
+ vpslld $23, %ymm12, %ymm12
+ vpaddd %ymm14, %ymm12, %ymm12
+ vmulps %ymm12, %ymm11, %ymm11
+ vcmpltps %ymm3, %ymm5, %ymm12
+ vbroadcastss .L36(%rip), %ymm13
+ vxorps %ymm13, %ymm11, %ymm13
+ vsubps %ymm11, %ymm3, %ymm11
+ vblendvps %ymm12, %ymm11, %ymm13, %ymm11
+ vcmpltps %ymm6, %ymm9, %ymm9
+ vblendvps %ymm9, %ymm10, %ymm11, %ymm9
+ vbroadcastss .L37(%rip), %ymm2
+ vcmpltps %ymm2, %ymm3, %ymm10
+ vbroadcastss .L38(%rip), %ymm2
+ vblendvps %ymm10, %ymm2, %ymm9, %ymm9
+ vcmpunordps %ymm5, %ymm3, %ymm10
+ vblendvps %ymm10, %ymm3, %ymm9, %ymm3
+ vmovups %ymm3, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
- jae .L38
+ jae .L39
 .L6:
- vmovups 32(%rdi,%rax,4), %ymm10
- vandps %ymm0, %ymm10, %ymm11
- vcmpnleps %ymm1, %ymm11, %ymm12
- vtestps %ymm12, %ymm12
- vmulps %ymm10, %ymm10, %ymm12
- vbroadcastss .L39(%rip), %ymm13
- vbroadcastss .L40(%rip), %ymm2
- vfmadd213ps %ymm2, %ymm12, %ymm13
- vbroadcastss .L41(%rip), %ymm2
- vfmadd213ps %ymm2, %ymm12, %ymm13
- vbroadcastss .L42(%rip), %ymm2
- vfmadd213ps %ymm2, %ymm12, %ymm13
- vfmadd213ps %ymm6, %ymm10, %ymm13
- vmulps %ymm13, %ymm10, %ymm12
- vaddps %ymm7, %ymm12, %ymm12
+ vmovups 32(%rdi,%rax,4), %ymm3
+ vandps %ymm0, %ymm3, %ymm9
+ vcmpnleps %ymm1, %ymm9, %ymm10
+ vtestps %ymm10, %ymm10
+ vmulps %ymm3, %ymm3, %ymm10
+ vbroadcastss .L40(%rip), %ymm11
+ vbroadcastss .L41(%rip), %ymm12
+ vfmadd213ps %ymm12, %ymm10, %ymm11
+ vbroadcastss .L42(%rip), %ymm12
+ vfmadd213ps %ymm12, %ymm10, %ymm11
+ vbroadcastss .L43(%rip), %ymm12
+ vfmadd213ps %ymm12, %ymm10, %ymm11
+ vfmadd213ps %ymm6, %ymm3, %ymm11
+ vmulps %ymm3, %ymm11, %ymm10
  jne .L7
- vpsrld $23, %ymm11, %ymm13
- vpminud %ymm8, %ymm13, %ymm13
- vpaddd %ymm9, %ymm13, %ymm13
- vbroadcastf128 .L9(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm14
- vsubps %ymm14, %ymm11, %ymm14
- vbroadcastf128 .L10(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm15
- vbroadcastf128 .L11(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm4
- vfmadd231ps %ymm15, %ymm14, %ymm4
- vbroadcastf128 .L12(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm15
- vfmadd231ps %ymm4, %ymm14, %ymm15
- vbroadcastf128 .L13(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm4
- vfmadd231ps %ymm15, %ymm14, %ymm4
- vbroadcastf128 .L14(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm15
- vfmadd231ps %ymm4, %ymm14, %ymm15
- vbroadcastf128 .L15(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm4
- vfmadd231ps %ymm15, %ymm14, %ymm4
- vbroadcastf128 .L16(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm15
- vfmadd231ps %ymm4, %ymm14, %ymm15
- vbroadcastf128 .L17(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm4
- vfmadd231ps %ymm15, %ymm14, %ymm4
- vbroadcastf128 .L18(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm15
- vfmadd231ps %ymm4, %ymm14, %ymm15
- vbroadcastf128 .L19(%rip), %ymm2
- vpermilps %ymm13, %ymm2, %ymm4
- vfmadd231ps %ymm15, %ymm14, %ymm4
- vbroadcastss .L28(%rip), %ymm2
- vmulps %ymm2, %ymm11, %ymm13
- vmulps %ymm13, %ymm11, %ymm14
- vbroadcastss .L29(%rip), %ymm2
- vmulps %ymm2, %ymm14, %ymm14
- vroundps $8, %ymm14, %ymm14
- vbroadcastss .L30(%rip), %ymm2
- vmulps %ymm2, %ymm14, %ymm15
- vfmadd231ps %ymm13, %ymm11, %ymm15
- vbroadcastss .L31(%rip), %ymm2
- vfmadd231ps %ymm2, %ymm14, %ymm15
- vmulps %ymm15, %ymm15, %ymm13
- vbroadcastss .L32(%rip), %ymm2
- vbroadcastss .L33(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm15, %ymm2
- vbroadcastss .L34(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm15, %ymm2
- vbroadcastss .L35(%rip), %ymm5
- vfmadd213ps %ymm5, %ymm15, %ymm2
- vfmadd213ps %ymm3, %ymm15, %ymm2
- vfmadd213ps %ymm15, %ymm13, %ymm2
- vfmadd132ps %ymm4, %ymm4, %ymm2
- vcvttps2dq %ymm14, %ymm4
- vpslld $23, %ymm4, %ymm4
- vpbroadcastd .L20(%rip), %ymm13
- vpaddd %ymm4, %ymm13, %ymm4
- vmulps %ymm4, %ymm2, %ymm2
- vmaxps %ymm7, %ymm10, %ymm4
- vsubps %ymm2, %ymm4, %ymm2
- vcmpltps %ymm6, %ymm11, %ymm4
- vblendvps %ymm4, %ymm12, %ymm2, %ymm10
- vmovups %ymm10, 32(%rsi,%rax,4)
+ vpsrld $23, %ymm9, %ymm11
+ vpminud %ymm7, %ymm11, %ymm11
+ vpaddd %ymm8, %ymm11, %ymm11
+ vbroadcastf128 .L9(%rip), %ymm12
+ vpermilps %ymm11, %ymm12, %ymm12
+ vsubps %ymm12, %ymm9, %ymm12
+ vbroadcastf128 .L10(%rip), %ymm13
+ vpermilps %ymm11, %ymm13, %ymm13
+ vbroadcastf128 .L11(%rip), %ymm14
+ vpermilps %ymm11, %ymm14, %ymm15
+ vfmadd231ps %ymm13, %ymm12, %ymm15
+ vbroadcastf128 .L12(%rip), %ymm13
+ vpermilps %ymm11, %ymm13, %ymm13
+ vfmadd231ps %ymm15, %ymm12, %ymm13
+ vbroadcastf128 .L13(%rip), %ymm14
+ vpermilps %ymm11, %ymm14, %ymm15
+ vfmadd231ps %ymm13, %ymm12, %ymm15
+ vbroadcastf128 .L14(%rip), %ymm13
+ vpermilps %ymm11, %ymm13, %ymm13
+ vfmadd231ps %ymm15, %ymm12, %ymm13
+ vbroadcastf128 .L15(%rip), %ymm14
+ vpermilps %ymm11, %ymm14, %ymm15
+ vfmadd231ps %ymm13, %ymm12, %ymm15
+ vbroadcastf128 .L16(%rip), %ymm13
+ vpermilps %ymm11, %ymm13, %ymm13
+ vfmadd231ps %ymm15, %ymm12, %ymm13
+ vbroadcastf128 .L17(%rip), %ymm14
+ vpermilps %ymm11, %ymm14, %ymm15
+ vfmadd231ps %ymm13, %ymm12, %ymm15
+ vbroadcastf128 .L18(%rip), %ymm13
+ vpermilps %ymm11, %ymm13, %ymm13
+ vfmadd231ps %ymm15, %ymm12, %ymm13
+ vbroadcastf128 .L19(%rip), %ymm14
+ vpermilps %ymm11, %ymm14, %ymm11
+ vfmadd231ps %ymm13, %ymm12, %ymm11
+ vbroadcastss .L28(%rip), %ymm12
+ vmulps %ymm12, %ymm9, %ymm12
+ vmulps %ymm12, %ymm9, %ymm13
+ vbroadcastss .L29(%rip), %ymm14
+ vmulps %ymm14, %ymm13, %ymm13
+ vroundps $8, %ymm13, %ymm13
+ vbroadcastss .L30(%rip), %ymm14
+ vmulps %ymm14, %ymm13, %ymm15
+ vfmadd231ps %ymm12, %ymm9, %ymm15
+ vbroadcastss .L31(%rip), %ymm12
+ vfmadd231ps %ymm12, %ymm13, %ymm15
+ vmulps %ymm15, %ymm15, %ymm12
+ vbroadcastss .L32(%rip), %ymm14
+ vbroadcastss .L33(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm15, %ymm14
+ vbroadcastss .L34(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm15, %ymm14
+ vbroadcastss .L35(%rip), %ymm2
+ vfmadd213ps %ymm2, %ymm15, %ymm14
+ vfmadd213ps %ymm4, %ymm15, %ymm14
+ vfmadd213ps %ymm15, %ymm12, %ymm14
+ vfmadd132ps %ymm11, %ymm11, %ymm14
+ vcvttps2dq %ymm13, %ymm11
+ vpslld $23, %ymm11, %ymm11
+ vpbroadcastd .L20(%rip), %ymm12
+ vpaddd %ymm12, %ymm11, %ymm11
+ vmulps %ymm11, %ymm14, %ymm11
+ vbroadcastss .L36(%rip), %ymm12
+ vxorps %ymm12, %ymm11, %ymm12
+ vsubps %ymm11, %ymm3, %ymm11
+ vcmpltps %ymm3, %ymm5, %ymm3
+ vblendvps %ymm3, %ymm11, %ymm12, %ymm3
+ vcmpltps %ymm6, %ymm9, %ymm9
+ vblendvps %ymm9, %ymm10, %ymm3, %ymm3
+ vmovups %ymm3, 32(%rsi,%rax,4)
  addq $8, %rax
  cmpq $992, %rax
  jb .L6
-.L38:
+.L39:
  vzeroupper
  retq

@@ -2,278 +2,281 @@
 main_compute_:
  vbroadcastss .L0(%rip), %zmm17
  vbroadcastss .L1(%rip), %zmm18
- vbroadcastss .L2(%rip), %zmm13
+ vbroadcastss .L2(%rip), %zmm0
  vbroadcastss .L3(%rip), %zmm19
  vbroadcastss .L4(%rip), %zmm20
- movq $-16, %rax
  vbroadcastss .L5(%rip), %zmm21
- vbroadcastss .L6(%rip), %zmm0
- vxorps %xmm22, %xmm22, %xmm22
- vpbroadcastd .L7(%rip), %zmm23
- vpbroadcastd .L8(%rip), %zmm24
+ vbroadcastss .L6(%rip), %zmm1
+ vpbroadcastd .L7(%rip), %zmm22
+ vpbroadcastd .L8(%rip), %zmm23
  vbroadcastf32x4 .L9(%rip), %zmm16
- vbroadcastf32x4 .L10(%rip), %zmm15
+ vbroadcastss .L10(%rip), %zmm24
  vbroadcastss .L11(%rip), %zmm25
  vbroadcastss .L12(%rip), %zmm26
  vbroadcastss .L13(%rip), %zmm27
- vbroadcastss .L14(%rip), %zmm28
- vbroadcastss .L15(%rip), %zmm14
+ vbroadcastss .L14(%rip), %zmm15
+ vbroadcastss .L15(%rip), %zmm28
  vbroadcastss .L16(%rip), %zmm29
  vbroadcastss .L17(%rip), %zmm30
  vbroadcastss .L18(%rip), %zmm31
- vbroadcastss .L19(%rip), %zmm8
- vpbroadcastd .L20(%rip), %zmm2
- vbroadcastss .L21(%rip), %zmm3
+ vpbroadcastd .L19(%rip), %zmm3
+ movq $-16, %rax
+ vxorps %xmm11, %xmm11, %xmm11
+ vbroadcastss .L20(%rip), %zmm5
+ vbroadcastss .L21(%rip), %zmm4
  jmp .L22
 .L23:
- vminps .L24(%rip){1to16}, %zmm5, %zmm7
- vpsrld $23, %zmm7, %zmm1
- vpminud %zmm23, %zmm1, %zmm1
- vpaddd %zmm24, %zmm1, %zmm1
- vpermilps %zmm1, %zmm16, %zmm9
- vsubps %zmm9, %zmm7, %zmm9
- vbroadcastf32x4 .L25(%rip), %zmm10
- vpermilps %zmm1, %zmm10, %zmm10
- vpermilps %zmm1, %zmm15, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L26(%rip), %zmm10
- vpermilps %zmm1, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L27(%rip), %zmm11
- vpermilps %zmm1, %zmm11, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L28(%rip), %zmm10
- vpermilps %zmm1, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L29(%rip), %zmm11
- vpermilps %zmm1, %zmm11, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L30(%rip), %zmm10
- vpermilps %zmm1, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L31(%rip), %zmm11
- vpermilps %zmm1, %zmm11, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L32(%rip), %zmm10
- vpermilps %zmm1, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L33(%rip), %zmm11
- vpermilps %zmm1, %zmm11, %zmm1
- vfmadd231ps %zmm10, %zmm9, %zmm1
- vmulps %zmm25, %zmm7, %zmm9
- vmulps %zmm9, %zmm7, %zmm10
- vmulps %zmm26, %zmm10, %zmm10
- vrndscaleps $8, %zmm10, %zmm10
- vmulps %zmm27, %zmm10, %zmm11
- vfmadd231ps %zmm9, %zmm7, %zmm11
- vfmadd231ps %zmm28, %zmm10, %zmm11
- vmulps %zmm11, %zmm11, %zmm9
- vmovaps %zmm14, %zmm12
- vfmadd213ps %zmm29, %zmm11, %zmm12
- vfmadd213ps %zmm30, %zmm11, %zmm12
- vfmadd213ps %zmm31, %zmm11, %zmm12
- vfmadd213ps %zmm8, %zmm11, %zmm12
- vfmadd213ps %zmm11, %zmm9, %zmm12
- vbroadcastss .L20(%rip), %zmm9
- vdivps %zmm7, %zmm9, %zmm9
- vcmpgtps %zmm18, %zmm7, %k1
- vaddps .L34(%rip){1to16}, %zmm9, %zmm7
- vmovaps %zmm3, %zmm9
- vfmadd213ps .L35(%rip){1to16}, %zmm7, %zmm9
- vfmadd213ps .L36(%rip){1to16}, %zmm7, %zmm9
- vfmadd213ps .L37(%rip){1to16}, %zmm7, %zmm9
- vfmadd213ps .L38(%rip){1to16}, %zmm7, %zmm9
- vfmadd213ps .L39(%rip){1to16}, %zmm7, %zmm9
- vmovaps %zmm9, %zmm1 {%k1}
- vfmadd132ps %zmm1, %zmm1, %zmm12
- vcvttps2dq %zmm10, %zmm1
- vpsrad $1, %zmm1, %zmm1
- vcvtdq2ps %zmm1, %zmm1
- vsubps %zmm1, %zmm10, %zmm7
- vcvttps2dq %zmm1, %zmm1
- vpslld $23, %zmm1, %zmm1
- vpaddd %zmm2, %zmm1, %zmm1
- vmulps %zmm1, %zmm12, %zmm1
- vcvttps2dq %zmm7, %zmm7
- vpslld $23, %zmm7, %zmm7
- vpaddd %zmm2, %zmm7, %zmm7
- vmulps %zmm7, %zmm1, %zmm1
- vmaxps %zmm22, %zmm4, %zmm7
- vsubps %zmm1, %zmm7, %zmm7
- vcmpltps %zmm0, %zmm5, %k1
- vmovaps %zmm6, %zmm7 {%k1}
- vcmpltps .L40(%rip){1to16}, %zmm4, %k1
- vbroadcastss .L41(%rip), %zmm7 {%k1}
- vcmpunordps %zmm22, %zmm4, %k1
- vmovaps %zmm4, %zmm7 {%k1}
- vmovups %zmm7, 64(%rsi,%rax,4)
+ vminps .L24(%rip){1to16}, %zmm7, %zmm9
+ vpsrld $23, %zmm9, %zmm2
+ vpminud %zmm22, %zmm2, %zmm2
+ vpaddd %zmm23, %zmm2, %zmm2
+ vpermilps %zmm2, %zmm16, %zmm10
+ vsubps %zmm10, %zmm9, %zmm10
+ vbroadcastf32x4 .L25(%rip), %zmm12
+ vpermilps %zmm2, %zmm12, %zmm12
+ vbroadcastf32x4 .L26(%rip), %zmm13
+ vpermilps %zmm2, %zmm13, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L27(%rip), %zmm12
+ vpermilps %zmm2, %zmm12, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L28(%rip), %zmm13
+ vpermilps %zmm2, %zmm13, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L29(%rip), %zmm12
+ vpermilps %zmm2, %zmm12, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L30(%rip), %zmm13
+ vpermilps %zmm2, %zmm13, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L31(%rip), %zmm12
+ vpermilps %zmm2, %zmm12, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L32(%rip), %zmm13
+ vpermilps %zmm2, %zmm13, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L33(%rip), %zmm12
+ vpermilps %zmm2, %zmm12, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L34(%rip), %zmm13
+ vpermilps %zmm2, %zmm13, %zmm2
+ vfmadd231ps %zmm12, %zmm10, %zmm2
+ vmulps %zmm24, %zmm9, %zmm10
+ vmulps %zmm10, %zmm9, %zmm12
+ vmulps %zmm25, %zmm12, %zmm12
+ vrndscaleps $8, %zmm12, %zmm12
+ vmulps %zmm26, %zmm12, %zmm13
+ vfmadd231ps %zmm10, %zmm9, %zmm13
+ vfmadd231ps %zmm27, %zmm12, %zmm13
+ vmulps %zmm13, %zmm13, %zmm10
+ vmovaps %zmm15, %zmm14
+ vfmadd213ps %zmm28, %zmm13, %zmm14
+ vfmadd213ps %zmm29, %zmm13, %zmm14
+ vfmadd213ps %zmm30, %zmm13, %zmm14
+ vfmadd213ps %zmm31, %zmm13, %zmm14
+ vfmadd213ps %zmm13, %zmm10, %zmm14
+ vcmpgtps %zmm18, %zmm9, %k1
+ vbroadcastss .L19(%rip), %zmm10
+ vdivps %zmm9, %zmm10, %zmm9
+ vaddps .L35(%rip){1to16}, %zmm9, %zmm9
+ vmovaps %zmm4, %zmm10
+ vfmadd213ps .L36(%rip){1to16}, %zmm9, %zmm10
+ vfmadd213ps .L37(%rip){1to16}, %zmm9, %zmm10
+ vfmadd213ps .L38(%rip){1to16}, %zmm9, %zmm10
+ vfmadd213ps .L39(%rip){1to16}, %zmm9, %zmm10
+ vfmadd213ps .L40(%rip){1to16}, %zmm9, %zmm10
+ vmovaps %zmm10, %zmm2 {%k1}
+ vfmadd132ps %zmm2, %zmm2, %zmm14
+ vcvttps2dq %zmm12, %zmm2
+ vpsrad $1, %zmm2, %zmm2
+ vcvtdq2ps %zmm2, %zmm2
+ vsubps %zmm2, %zmm12, %zmm9
+ vcvttps2dq %zmm2, %zmm2
+ vpslld $23, %zmm2, %zmm2
+ vpaddd %zmm3, %zmm2, %zmm2
+ vmulps %zmm2, %zmm14, %zmm2
+ vcvttps2dq %zmm9, %zmm9
+ vpslld $23, %zmm9, %zmm9
+ vpaddd %zmm3, %zmm9, %zmm9
+ vmulps %zmm9, %zmm2, %zmm2
+ vcmpltps %zmm6, %zmm11, %k1
+ vxorps %zmm5, %zmm2, %zmm9
+ vsubps %zmm2, %zmm6, %zmm9 {%k1}
+ vcmpltps %zmm1, %zmm7, %k1
+ vmovaps %zmm8, %zmm9 {%k1}
+ vcmpltps .L41(%rip){1to16}, %zmm6, %k1
+ vbroadcastss .L42(%rip), %zmm9 {%k1}
+ vcmpunordps %zmm11, %zmm6, %k1
+ vmovaps %zmm6, %zmm9 {%k1}
+ vmovups %zmm9, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
- jae .L42
+ jae .L43
 .L22:
- vmovups 64(%rdi,%rax,4), %zmm4
- vandps %zmm17, %zmm4, %zmm5
- vcmpnleps %zmm18, %zmm5, %k0
+ vmovups 64(%rdi,%rax,4), %zmm6
+ vandps %zmm17, %zmm6, %zmm7
+ vcmpnleps %zmm18, %zmm7, %k0
  kortestw %k0, %k0
- vmulps %zmm4, %zmm4, %zmm6
- vmovaps %zmm13, %zmm7
- vfmadd213ps %zmm19, %zmm6, %zmm7
- vfmadd213ps %zmm20, %zmm6, %zmm7
- vfmadd213ps %zmm21, %zmm6, %zmm7
- vfmadd213ps %zmm0, %zmm4, %zmm7
- vmulps %zmm7, %zmm4, %zmm6
- vaddps %zmm22, %zmm6, %zmm6
+ vmulps %zmm6, %zmm6, %zmm8
+ vmovaps %zmm0, %zmm9
+ vfmadd213ps %zmm19, %zmm8, %zmm9
+ vfmadd213ps %zmm20, %zmm8, %zmm9
+ vfmadd213ps %zmm21, %zmm8, %zmm9
+ vfmadd213ps %zmm1, %zmm6, %zmm9
+ vmulps %zmm9, %zmm6, %zmm8
  jne .L23
- vpsrld $23, %zmm5, %zmm7
- vpminud %zmm23, %zmm7, %zmm7
- vpaddd %zmm24, %zmm7, %zmm7
- vpermilps %zmm7, %zmm16, %zmm9
- vsubps %zmm9, %zmm5, %zmm9
- vbroadcastf32x4 .L25(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm10
- vpermilps %zmm7, %zmm15, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L26(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L27(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L28(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L29(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L30(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L31(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
- vbroadcastf32x4 .L32(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L33(%rip), %zmm1
- vpermilps %zmm7, %zmm1, %zmm7
- vfmadd231ps %zmm10, %zmm9, %zmm7
- vmulps %zmm25, %zmm5, %zmm9
- vmulps %zmm9, %zmm5, %zmm10
- vmulps %zmm26, %zmm10, %zmm10
- vrndscaleps $8, %zmm10, %zmm10
- vmulps %zmm27, %zmm10, %zmm11
- vfmadd231ps %zmm9, %zmm5, %zmm11
- vfmadd231ps %zmm28, %zmm10, %zmm11
- vmulps %zmm11, %zmm11, %zmm9
- vmovaps %zmm14, %zmm1
- vfmadd213ps %zmm29, %zmm11, %zmm1
- vfmadd213ps %zmm30, %zmm11, %zmm1
- vfmadd213ps %zmm31, %zmm11, %zmm1
- vfmadd213ps %zmm8, %zmm11, %zmm1
- vfmadd213ps %zmm11, %zmm9, %zmm1
- vfmadd132ps %zmm7, %zmm7, %zmm1
- vcvttps2dq %zmm10, %zmm7
- vpslld $23, %zmm7, %zmm7
- vpaddd %zmm2, %zmm7, %zmm7
- vmulps %zmm7, %zmm1, %zmm1
- vmaxps %zmm22, %zmm4, %zmm4
- vsubps %zmm1, %zmm4, %zmm7
- vcmpltps %zmm0, %zmm5, %k1
- vmovaps %zmm6, %zmm7 {%k1}
- vmovups %zmm7, 64(%rsi,%rax,4)
+ vpsrld $23, %zmm7, %zmm9
+ vpminud %zmm22, %zmm9, %zmm9
+ vpaddd %zmm23, %zmm9, %zmm9
+ vpermilps %zmm9, %zmm16, %zmm10
+ vsubps %zmm10, %zmm7, %zmm10
+ vbroadcastf32x4 .L25(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm12
+ vbroadcastf32x4 .L26(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L27(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L28(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L29(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L30(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L31(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L32(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm13
+ vfmadd231ps %zmm12, %zmm10, %zmm13
+ vbroadcastf32x4 .L33(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm12
+ vfmadd231ps %zmm13, %zmm10, %zmm12
+ vbroadcastf32x4 .L34(%rip), %zmm2
+ vpermilps %zmm9, %zmm2, %zmm9
+ vfmadd231ps %zmm12, %zmm10, %zmm9
+ vmulps %zmm24, %zmm7, %zmm10
+ vmulps %zmm10, %zmm7, %zmm12
+ vmulps %zmm25, %zmm12, %zmm12
+ vrndscaleps $8, %zmm12, %zmm12
+ vmulps %zmm26, %zmm12, %zmm13
+ vfmadd231ps %zmm10, %zmm7, %zmm13
+ vfmadd231ps %zmm27, %zmm12, %zmm13
+ vmulps %zmm13, %zmm13, %zmm10
+ vmovaps %zmm15, %zmm2
+ vfmadd213ps %zmm28, %zmm13, %zmm2
+ vfmadd213ps %zmm29, %zmm13, %zmm2
+ vfmadd213ps %zmm30, %zmm13, %zmm2
+ vfmadd213ps %zmm31, %zmm13, %zmm2
+ vfmadd213ps %zmm13, %zmm10, %zmm2
+ vfmadd132ps %zmm9, %zmm9, %zmm2
+ vcvttps2dq %zmm12, %zmm9
+ vpslld $23, %zmm9, %zmm9
+ vpaddd %zmm3, %zmm9, %zmm9
+ vmulps %zmm9, %zmm2, %zmm2
+ vcmpltps %zmm6, %zmm11, %k1
+ vxorps %zmm5, %zmm2, %zmm9
+ vsubps %zmm2, %zmm6, %zmm9 {%k1}
+ vcmpltps %zmm1, %zmm7, %k1
+ vmovaps %zmm8, %zmm9 {%k1}
+ vmovups %zmm9, 64(%rsi,%rax,4)
  addq $16, %rax
  cmpq $976, %rax
  jb .L22
-.L42:
+.L43:
  kxnorb %k0, %k0, %k1
- vmovups 3968(%rdi), %zmm4 {%k1} {z}
- vmulps %zmm4, %zmm4, %zmm1
- vfmadd213ps .L3(%rip){1to16}, %zmm1, %zmm13
- vfmadd213ps .L4(%rip){1to16}, %zmm1, %zmm13
- vfmadd213ps .L5(%rip){1to16}, %zmm1, %zmm13
- vfmadd213ps %zmm0, %zmm4, %zmm13
- vandps .L0(%rip){1to16}, %zmm4, %zmm8
- vmulps %zmm13, %zmm4, %zmm5
- vminps .L24(%rip){1to16}, %zmm8, %zmm1
- vpsrld $23, %zmm1, %zmm6
- vpminud .L7(%rip){1to16}, %zmm6, %zmm7
- vpxor %xmm6, %xmm6, %xmm6
+ vmovups 3968(%rdi), %zmm5 {%k1} {z}
+ vmulps %zmm5, %zmm5, %zmm2
+ vfmadd213ps .L3(%rip){1to16}, %zmm2, %zmm0
+ vfmadd213ps .L4(%rip){1to16}, %zmm2, %zmm0
+ vfmadd213ps .L5(%rip){1to16}, %zmm2, %zmm0
+ vandps .L0(%rip){1to16}, %zmm5, %zmm6
+ vminps .L24(%rip){1to16}, %zmm6, %zmm2
+ vpsrld $23, %zmm2, %zmm7
+ vpminud .L7(%rip){1to16}, %zmm7, %zmm7
  vpaddd .L8(%rip){1to16}, %zmm7, %zmm7
- vpermilps %zmm7, %zmm16, %zmm9
- vsubps %zmm9, %zmm1, %zmm9
- vbroadcastf32x4 .L25(%rip), %zmm10
- vpermilps %zmm7, %zmm10, %zmm10
- vpermilps %zmm7, %zmm15, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
+ vfmadd213ps %zmm1, %zmm5, %zmm0
+ vpermilps %zmm7, %zmm16, %zmm8
+ vsubps %zmm8, %zmm2, %zmm8
+ vbroadcastf32x4 .L25(%rip), %zmm9
+ vpermilps %zmm7, %zmm9, %zmm9
  vbroadcastf32x4 .L26(%rip), %zmm10
  vpermilps %zmm7, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L27(%rip), %zmm11
- vpermilps %zmm7, %zmm11, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
+ vfmadd231ps %zmm9, %zmm8, %zmm10
+ vbroadcastf32x4 .L27(%rip), %zmm9
+ vpermilps %zmm7, %zmm9, %zmm9
+ vfmadd231ps %zmm10, %zmm8, %zmm9
  vbroadcastf32x4 .L28(%rip), %zmm10
  vpermilps %zmm7, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L29(%rip), %zmm11
- vpermilps %zmm7, %zmm11, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
+ vfmadd231ps %zmm9, %zmm8, %zmm10
+ vbroadcastf32x4 .L29(%rip), %zmm9
+ vpermilps %zmm7, %zmm9, %zmm9
+ vfmadd231ps %zmm10, %zmm8, %zmm9
  vbroadcastf32x4 .L30(%rip), %zmm10
  vpermilps %zmm7, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vbroadcastf32x4 .L31(%rip), %zmm11
- vpermilps %zmm7, %zmm11, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm11
+ vfmadd231ps %zmm9, %zmm8, %zmm10
+ vbroadcastf32x4 .L31(%rip), %zmm9
+ vpermilps %zmm7, %zmm9, %zmm9
+ vfmadd231ps %zmm10, %zmm8, %zmm9
  vbroadcastf32x4 .L32(%rip), %zmm10
  vpermilps %zmm7, %zmm10, %zmm10
- vfmadd231ps %zmm11, %zmm9, %zmm10
- vcmpgtps .L1(%rip){1to16}, %zmm1, %k2
- vbroadcastf32x4 .L33(%rip), %zmm11
- vpermilps %zmm7, %zmm11, %zmm7
- vbroadcastss .L20(%rip), %zmm11
- vdivps %zmm1, %zmm11, %zmm11
- vaddps .L34(%rip){1to16}, %zmm11, %zmm11
- vfmadd213ps .L35(%rip){1to16}, %zmm11, %zmm3
- vfmadd213ps .L36(%rip){1to16}, %zmm11, %zmm3
- vfmadd213ps .L37(%rip){1to16}, %zmm11, %zmm3
- vfmadd213ps .L38(%rip){1to16}, %zmm11, %zmm3
- vfmadd213ps .L39(%rip){1to16}, %zmm11, %zmm3
- vmulps .L11(%rip){1to16}, %zmm1, %zmm11
- vfmadd231ps %zmm10, %zmm9, %zmm7
- vmulps %zmm11, %zmm1, %zmm9
- vmulps .L12(%rip){1to16}, %zmm9, %zmm9
+ vfmadd231ps %zmm9, %zmm8, %zmm10
+ vbroadcastf32x4 .L33(%rip), %zmm9
+ vpermilps %zmm7, %zmm9, %zmm9
+ vfmadd231ps %zmm10, %zmm8, %zmm9
+ vbroadcastf32x4 .L34(%rip), %zmm10
+ vpermilps %zmm7, %zmm10, %zmm7
+ vbroadcastss .L19(%rip), %zmm10
+ vdivps %zmm2, %zmm10, %zmm10
+ vcmpgtps .L1(%rip){1to16}, %zmm2, %k2
+ vaddps .L35(%rip){1to16}, %zmm10, %zmm10
+ vfmadd213ps .L36(%rip){1to16}, %zmm10, %zmm4
+ vfmadd213ps .L37(%rip){1to16}, %zmm10, %zmm4
+ vfmadd213ps .L38(%rip){1to16}, %zmm10, %zmm4
+ vfmadd213ps .L39(%rip){1to16}, %zmm10, %zmm4
+ vfmadd231ps %zmm9, %zmm8, %zmm7
+ vfmadd213ps .L40(%rip){1to16}, %zmm10, %zmm4
+ vmulps .L10(%rip){1to16}, %zmm2, %zmm8
+ vmulps %zmm8, %zmm2, %zmm9
+ vmulps .L11(%rip){1to16}, %zmm9, %zmm9
  vrndscaleps $8, %zmm9, %zmm9
- vmovaps %zmm3, %zmm7 {%k2}
- vmulps .L13(%rip){1to16}, %zmm9, %zmm3
- vfmadd231ps %zmm11, %zmm1, %zmm3
- vfmadd231ps .L14(%rip){1to16}, %zmm9, %zmm3
- vfmadd213ps .L16(%rip){1to16}, %zmm3, %zmm14
- vfmadd213ps .L17(%rip){1to16}, %zmm3, %zmm14
- vfmadd213ps .L18(%rip){1to16}, %zmm3, %zmm14
- vmulps %zmm3, %zmm3, %zmm1
- vfmadd213ps .L19(%rip){1to16}, %zmm3, %zmm14
- vfmadd213ps %zmm3, %zmm1, %zmm14
- vfmadd132ps %zmm7, %zmm7, %zmm14
- vcvttps2dq %zmm9, %zmm1
- vpsrad $1, %zmm1, %zmm1
- vcvtdq2ps %zmm1, %zmm1
- vsubps %zmm1, %zmm9, %zmm3
- vcvttps2dq %zmm1, %zmm1
- vpslld $23, %zmm1, %zmm1
- vpaddd %zmm2, %zmm1, %zmm1
- vmulps %zmm1, %zmm14, %zmm1
- vcvttps2dq %zmm3, %zmm3
- vpslld $23, %zmm3, %zmm3
- vpaddd %zmm2, %zmm3, %zmm2
- vmulps %zmm2, %zmm1, %zmm1
- vcmpltps %zmm4, %zmm6, %k2
- vmovaps %zmm4, %zmm2 {%k2} {z}
- vsubps %zmm1, %zmm2, %zmm1
- vcmpltps %zmm0, %zmm8, %k2
- vaddps %zmm6, %zmm5, %zmm1 {%k2}
- vcmpltps .L40(%rip){1to16}, %zmm4, %k2
- vbroadcastss .L41(%rip), %zmm1 {%k2}
- vcmpunordps %zmm6, %zmm4, %k2
- vmovaps %zmm4, %zmm1 {%k2}
- vmovups %zmm1, 3968(%rsi) {%k1}
+ vmulps .L12(%rip){1to16}, %zmm9, %zmm10
+ vmovaps %zmm4, %zmm7 {%k2}
+ vfmadd231ps %zmm8, %zmm2, %zmm10
+ vfmadd231ps .L13(%rip){1to16}, %zmm9, %zmm10
+ vfmadd213ps .L15(%rip){1to16}, %zmm10, %zmm15
+ vfmadd213ps .L16(%rip){1to16}, %zmm10, %zmm15
+ vfmadd213ps .L17(%rip){1to16}, %zmm10, %zmm15
+ vfmadd213ps .L18(%rip){1to16}, %zmm10, %zmm15
+ vmulps %zmm10, %zmm10, %zmm2
+ vfmadd213ps %zmm10, %zmm2, %zmm15
+ vfmadd132ps %zmm7, %zmm7, %zmm15
+ vcvttps2dq %zmm9, %zmm2
+ vpsrad $1, %zmm2, %zmm2
+ vcvtdq2ps %zmm2, %zmm2
+ vsubps %zmm2, %zmm9, %zmm4
+ vcvttps2dq %zmm2, %zmm2
+ vpslld $23, %zmm2, %zmm2
+ vpaddd %zmm3, %zmm2, %zmm2
+ vmulps %zmm2, %zmm15, %zmm2
+ vcvttps2dq %zmm4, %zmm4
+ vpslld $23, %zmm4, %zmm4
+ vpaddd %zmm3, %zmm4, %zmm3
+ vmulps %zmm3, %zmm2, %zmm2
+ vxorps %xmm3, %xmm3, %xmm3
+ vxorps .L20(%rip){1to16}, %zmm2, %zmm4
+ vcmpltps %zmm5, %zmm3, %k2
+ vsubps %zmm2, %zmm5, %zmm4 {%k2}
+ vcmpltps %zmm1, %zmm6, %k2
+ vmulps %zmm0, %zmm5, %zmm4 {%k2}
+ vcmpltps .L41(%rip){1to16}, %zmm5, %k2
+ vbroadcastss .L42(%rip), %zmm4 {%k2}
+ vcmpunordps %zmm3, %zmm5, %k2
+ vmovaps %zmm5, %zmm4 {%k2}
+ vmovups %zmm4, 3968(%rsi) {%k1}
  vzeroupper
  retq

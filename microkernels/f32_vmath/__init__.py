@@ -43,8 +43,9 @@ Algorithms (coefficients fitted by scripts/fit_vmath.py, minimax in relative err
 Bounds, measured against float64 rounded to float32 over a dense sweep of bit patterns
 (tests/intrinsics/test_f32_vmath.py): ULP_BOUND. Specials follow PyTorch: NaN in, NaN out;
 sigmoid(-inf) = 0, silu(-inf) = gelu(-inf) = gelu_tanh(-inf) = hardswish(-inf) = NaN (-inf * 0,
-as eager computes), gelu(+inf) = gelu_tanh(+inf) = inf, tanh(+-inf) = +-1; zeros with eager's
-signs (tanh(-0) = -0; gelu(-0) = gelu(-1e-45) = +0, as eager's kernel gives them).
+as eager computes), gelu(+inf) = gelu_tanh(+inf) = inf, tanh(+-inf) = +-1; zeros signed as the
+float64 value (tanh(-0) = -0; gelu(-0) = gelu(-1e-45) = gelu(-FLT_MAX) = -0, the sign of x Phi(x),
+as PyTorch 2.13's scalar and AVX-512 kernels give; its AVX2 kernel gives +0 there).
 """
 
 from __future__ import annotations

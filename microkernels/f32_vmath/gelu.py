@@ -31,9 +31,8 @@ def gelu(o: Ops, x, near: bool = False):
     """x Phi(x) = x - E for x > 0, -E for x < 0, E = y Phi(-y) = G(y) exp(-y^2/2), y = |x|; below
     GELU_SMALL, x (0.5 + x P(x^2)). near: the form for |x| <= GELU_NEAR (no clamp, no NaN, no
     far polynomial, one power of two: the same bits)."""
-    # + 0: -0 (from -0 or a product that rounds to it) out as +0, as eager has it (fenced: the
-    # sum is not contracted into an FMA, whose zero keeps the exact product's sign).
-    small = o.add(o.fence(o.mul(x, o.fma(x, horner(o, o.mul(x, x), GELU_P), o.c(0.5)))), o.c(0.0))
+    # Zeros keep the sign of x (the product's: gelu(-0) = gelu(-1e-45) = -0).
+    small = o.mul(x, o.fma(x, horner(o, o.mul(x, x), GELU_P), o.c(0.5)))
     y = o.abs(x) if near else clamp_nan_through(o, o.abs(x), 0.0, GELU_TAIL)
     k = o.binade(y, GELU_SMALL, len(GELU_CENTRES) - 1)
     u = o.sub(y, o.lookup(k, GELU_CENTRES))  # exact: y is within a factor of two of its centre
@@ -49,8 +48,10 @@ def gelu(o: Ops, x, near: bool = False):
     else:
         n1 = o.half_int(n)
         e = times_pow2(o, m, n1, o.sub(n, n1))
-    # max(x, 0) - E: x - E for x > 0, -E for x < 0 (+0 where E rounds to 0, as eager has it).
-    tail = o.sub(o.select(o.gt(x, o.c(0.0)), x, o.c(0.0)), o.fence(e))  # fenced: as small's
+    # x - E for x > 0, -E for x < 0 (-0 where E rounds to 0: the sign of x). Fenced: the product
+    # that makes E is not contracted into the subtraction as an FMA.
+    e = o.fence(e)
+    tail = o.select(o.gt(x, o.c(0.0)), o.sub(x, e), o.neg(e))
     out = o.select(o.lt(o.abs(x), o.c(GELU_SMALL)), small, tail)
     if near:
         return out

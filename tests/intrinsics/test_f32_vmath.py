@@ -125,9 +125,16 @@ def test_specials_as_pytorch(name):
     # there) or flush (sigmoid(-100) is 0 there, 3.7e-44 here).
     finite = ~special_in
     assert (ulp_error(got[finite], reference(name, x[finite])) <= vm.ULP_BOUND[name]).all()
-    # Zeros out as eager gives them, sign included (tanh(-0) = -0, gelu(-1e-45) = -0).
-    zero = eager == 0
-    np.testing.assert_array_equal(np.signbit(got[zero]), np.signbit(eager[zero]), err_msg=f"{name}: signs of zero")
+    # Zeros signed as the float64 value rounded to float32 (tanh(-0) = -0, gelu(-0) = gelu(-1e-45) =
+    # -0), not as eager: its signs of zero depend on the host's kernel (PyTorch 2.13's AVX2 GELU gives
+    # +0 there, its AVX-512 and scalar ones -0); from NaN and inf in, eager's (sigmoid(-inf) = +0).
+    want = reference(name, x[finite]).astype(np.float32)
+    zero = want == 0
+    np.testing.assert_array_equal(np.signbit(got[finite][zero]), np.signbit(want[zero]),
+                                  err_msg=f"{name}: signs of zero, finite in")
+    zero = eager[special_in] == 0
+    np.testing.assert_array_equal(np.signbit(got[special_in][zero]), np.signbit(eager[special_in][zero]),
+                                  err_msg=f"{name}: signs of zero, NaN or inf in")
 
 
 @settings(max_examples=30, deadline=None)

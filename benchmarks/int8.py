@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import numpy as np
 
 import schedules
 from schedules.common.targets import float_isa, int_isa, resolve, set_threads
 
-from . import peers
+from . import network, peers
 from .turns import take_turns
 from .zoo import first_input
 
@@ -270,7 +271,10 @@ def run_network(name: str, thread_counts, repeat: int, log, target: str = "nativ
             best = min(secs["ORT"], secs["OV"])
             log(f"  {threads} thread(s): ours {1e3 * secs['ours']:.2f} ms, ORT {1e3 * secs['ORT']:.2f} ms, "
                 f"OV {1e3 * secs['OV']:.2f} ms; ours/best peer {secs['ours'] / best:.2f}")
-            out["rows"].append({"threads": threads, "seconds": secs, "ms": {k: 1e3 * v for k, v in secs.items()}})
+            row = {"threads": threads, "seconds": secs, "ms": {k: 1e3 * v for k, v in secs.items()}}
+            time.sleep(0.5)
+            network.log_breakdown(network.profile(vm, xt), row, log)
+            out["rows"].append(row)
         found = _agreement(vm, path, shape, samples)
         log(f"  outputs on {samples} random images (top-1 agreement, largest logit difference); reference: the "
             "QDQ graph as written, run by ORT with its optimizations off:")

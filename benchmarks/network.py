@@ -60,13 +60,14 @@ def _time_vm(vm, x, repeat: int) -> float:
 
 
 def classify(symbol: str) -> str:
-    """The kind of one VM call: "conv" (our conv2d, Winograd transforms included), "layout
+    """The kind of one VM call: "conv" (our conv2d, Winograd transforms included, and our int8
+    conv2d of a QDQ conv or Gemm, mk_qconv2d_*), "layout
     transforms" (whoever scheduled them: they are overhead either way), "conv (TVM's lowering)"
     (a conv our kernels do not take, e.g. 4 or 8 channels per group: TVM's loop nest, which
     schedule_rest only vectorizes and parallelizes), "matmul" (our packed matmul of a Linear
     layer, relax/linear.py), "ours (other ops)" (the other functions schedule_rest schedules,
     named mk_*), or "TVM lowering" (the rest: TVM's default lowering)."""
-    if symbol.startswith("mk_conv2d"):
+    if symbol.startswith(("mk_conv2d", "mk_qconv2d")):
         return "conv"
     if symbol.startswith("mk_matmul"):
         return "matmul"

@@ -133,3 +133,7 @@ def test_bench_model_int8_on_an_onnx_file(two_convs, tmp_path):
     assert result["model"] == str(two_convs) and result["quantization"]["reduce_range"] is True
     assert result["quantization"]["weight_bits"] == 7 and result["samples"] == 100
     assert [r["threads"] for r in result["rows"]] == [1] and "report" not in result
+    # the breakdown counts our int8 convs (mk_qconv2d_*) as ours, not as TVM's lowering
+    assert "ours by kind: conv " in out, out
+    kinds = result["rows"][0]["breakdown_ms"]
+    assert kinds.get("conv", 0) > 0 and "conv (TVM's lowering)" not in kinds, kinds

@@ -10,6 +10,7 @@ from benchmarks import cli, network
 @pytest.mark.parametrize("symbol, kind", [
     ("mk_conv2d_direct_n1c64h56w56_o64k1x1s1x1p0x0x0x0d1x1g1_bias_relu", "conv"),
     ("mk_conv2d_wino4_input_transform", "conv"),
+    ("mk_qconv2d_3_mk_u8s8_gemm_8x48_avx512vnni", "conv"),  # our int8 conv of a QDQ conv (relax/int8.py)
     ("mk_fused_matmul_add", "ours (other ops)"),  # a matmul rest.py scheduled
     ("mk_matmul_m3136n384k96_bias", "matmul"),  # a Linear layer on our packed matmul
     ("mk_mean", "ours (other ops)"),

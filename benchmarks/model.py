@@ -108,7 +108,7 @@ def _engines(src: zoo.Source, x: np.ndarray, threads: int, with_peers: bool, exp
     if with_peers:
         if not peers.missing("ONNX Runtime"):
             out.append(peers.onnx_runtime(src.onnx_path, x, threads))
-        if not peers.missing("OpenVINO"):
+        if not peers.missing("OpenVINO") and not peers.crashes("OpenVINO", src.onnx_path, x.shape):
             out.append(peers.openvino(src.onnx_path, x, threads))
     return out
 
@@ -138,15 +138,22 @@ def run(source: str, threads: list[int], log, batch: int = 1, image: tuple | Non
     result = {"model": source, "input": list(x.shape), "engines": {}, "rows": []}
     ref_name, want = _reference(src, x)
     exports = peers.Peers(src.module) if src.kind == "torch" and with_peers else None
-    if exports is not None:
-        for why in exports.skipped:
-            log(why)
+    said: list[str] = []
     try:
         for t in threads:
             ours = _Ours(src, x, t, target)
             log(f"{source} {'x'.join(map(str, x.shape))}, {t} thread(s): first call {ours.first_call:.1f} s; "
                 f"{ours.summary()}")
             engines = _engines(src, x, t, with_peers, exports)
+            # engines left out: a package missing, or an engine that crashed on this model
+            skipped = exports.skipped if exports is not None else (
+                [peers.crashes("OpenVINO", src.onnx_path, x.shape)] if with_peers and not peers.missing("OpenVINO")
+                else [])
+            for why in skipped:
+                if why and why not in said:
+                    said.append(why)
+                    log(why)
+            result["skipped"] = said
             diffs = {"ours": ours.out}
             for e in engines:
                 if e.name not in result["engines"]:

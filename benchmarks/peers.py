@@ -8,13 +8,19 @@ engine's version and the precision it computes in. ONNX Runtime runs on its CPU 
 every graph optimization on, `threads` intra-op threads and one inter-op thread; OpenVINO on
 "CPU" with the latency hint, f32 inference precision asked for and read back from the compiled
 model, `threads` inference threads. An engine whose package is not installed (the `peers` extra:
-onnx, onnxruntime, openvino) is left out, its one-line reason in `Peers.skipped`.
+onnx, onnxruntime, openvino) is left out, its one-line reason in `Peers.skipped`; so is an engine
+that kills its process on a model (`crashes`: OpenVINO 2026.4 segfaults compiling DenseNet-121's
+QDQ model, so OpenVINO first loads and runs each file once in a child process; ONNX Runtime has
+not crashed on any model here and runs in-process directly).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -43,6 +49,40 @@ def missing(engine: str) -> str | None:
         except Exception as e:  # noqa: BLE001 (a broken install fails with more than ImportError)
             return f"{engine} skipped: `import {pkg}` failed ({type(e).__name__}: {e}); pip install -e \".[peers]\""
     return None
+
+
+# What the child process of `crashes` runs: the engine's builder on the file, one pass on zeros.
+CHILD = ("import sys, numpy as np; from benchmarks import peers; "
+         "getattr(peers, sys.argv[1])(sys.argv[2], np.zeros(eval(sys.argv[3]), np.float32), 1).run()")
+BUILDERS = {"ONNX Runtime": "onnx_runtime", "OpenVINO": "openvino"}
+_crashes: dict[tuple, str | None] = {}
+
+
+def crashes(engine: str, path: str, shape: tuple, timeout: float = 600) -> str | None:
+    """Why `engine` cannot run the ONNX file at `path` on inputs of `shape`, where it kills the
+    process that tries (a signal, or an exit without a Python error: something a try/except
+    cannot catch), or None. The engine loads the file and runs it once in a child process;
+    remembered per file and shape."""
+    key = (engine, path, tuple(shape))
+    if key not in _crashes:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        try:
+            proc = subprocess.run([sys.executable, "-c", CHILD, BUILDERS[engine], path, repr(tuple(shape))],
+                                  env=env, capture_output=True, text=True, timeout=timeout)
+            code, err = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired:
+            code, err = None, ""
+        why = None
+        if code is None:
+            why = f"did not load and run it within {timeout:.0f} s"
+        elif code < 0:
+            why = f"crashed loading and running it ({signal.Signals(-code).name})"
+        elif code != 0:
+            last = (err.strip().splitlines() or ["no message"])[-1]
+            why = f"failed loading and running it (exit {code}: {last[:200]})"
+        _crashes[key] = None if why is None else f"{engine} skipped on {os.path.basename(path)}: {why}"
+    return _crashes[key]
 
 
 def pytorch(model, x: np.ndarray, threads: int) -> Engine:
@@ -134,7 +174,11 @@ class Peers:
             if not missing("ONNX Runtime"):
                 out.append(onnx_runtime(path, x, threads))
             if not missing("OpenVINO"):
-                out.append(openvino(path, x, threads))
+                why = crashes("OpenVINO", path, x.shape)
+                if why is None:
+                    out.append(openvino(path, x, threads))
+                elif why not in self.skipped:
+                    self.skipped.append(why)
         return out + [pytorch(self.model, x, threads)]
 
     def close(self) -> None:

@@ -137,3 +137,64 @@ def test_bench_model_int8_on_an_onnx_file(two_convs, tmp_path):
     assert "ours by kind: conv " in out, out
     kinds = result["rows"][0]["breakdown_ms"]
     assert kinds.get("conv", 0) > 0 and "conv (TVM's lowering)" not in kinds, kinds
+
+
+@pytest.mark.parametrize("child, want", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "crashed loading and running it (SIGSEGV)"),
+    ("raise SystemExit(3)", "failed loading and running it (exit 3"),
+    ("pass", None),
+])
+def test_crashes_tells_an_engine_that_kills_its_process(monkeypatch, two_convs, child, want):
+    """peers.crashes loads and runs the file in a child process: a segfault or a silent exit
+    there is the reason OpenVINO is left out; a clean exit is None."""
+    from benchmarks import peers
+
+    monkeypatch.setattr(peers, "CHILD", child)
+    monkeypatch.setattr(peers, "_crashes", {})
+    why = peers.crashes("OpenVINO", str(two_convs), SHAPE)
+    if want is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith("OpenVINO skipped on two_convs.onnx: ") and want in why, why
+
+
+def test_the_real_child_runs_openvino_on_the_file(monkeypatch, two_convs):
+    from benchmarks import peers
+
+    monkeypatch.setattr(peers, "_crashes", {})
+    assert peers.crashes("OpenVINO", str(two_convs), SHAPE) is None
+
+
+def test_int8_network_bench_goes_on_without_an_engine_that_crashes(monkeypatch, two_convs):
+    """`bench model X.onnx --int8` where OpenVINO would kill the process (DenseNet-121's QDQ model
+    with OpenVINO 2026.4): ours against ONNX Runtime alone, the reason said."""
+    from benchmarks import model, peers
+
+    reason = "OpenVINO skipped on qdq.onnx: crashed loading and running it (SIGSEGV)"
+    monkeypatch.setattr(peers, "crashes", lambda engine, path, shape, timeout=600: reason)
+
+    def no_openvino(*args, **kwargs):
+        raise AssertionError("OpenVINO built in-process on a model it crashes on")
+
+    monkeypatch.setattr(peers, "openvino", no_openvino)
+    lines: list[str] = []
+    result = model.run_int8(str(two_convs), [1], lines.append, repeat=1)
+    out = "\n".join(lines)
+    assert reason in out and result["skipped"] == [reason], out
+    assert "1 thread(s): ours " in out and "ORT " in out and " OV " not in out and "ours/best peer" in out, out
+    assert "OV vs reference" not in out and "ours vs ORT " in out, out
+    assert set(result["rows"][0]["ms"]) == {"ours", "ORT"}, result["rows"][0]
+
+
+def test_model_bench_goes_on_without_an_engine_that_crashes(monkeypatch, two_convs):
+    """`bench model X.onnx --peers` (float32) likewise: the reason said once, OpenVINO not built."""
+    from benchmarks import model, peers
+
+    reason = "OpenVINO skipped on two_convs.onnx: crashed loading and running it (SIGSEGV)"
+    monkeypatch.setattr(peers, "crashes", lambda engine, path, shape, timeout=600: reason)
+    monkeypatch.setattr(peers, "openvino", lambda *a, **k: (_ for _ in ()).throw(AssertionError("OpenVINO built")))
+    lines: list[str] = []
+    result = model.run(str(two_convs), [1, 2], lines.append, with_peers=True, repeat=1)
+    out = "\n".join(lines)
+    assert out.count(reason) == 1 and result["skipped"] == [reason], out
+    assert all(set(r["ms"]) == {"ours", "ONNX Runtime"} for r in result["rows"]), result["rows"]

@@ -428,8 +428,10 @@ class _QdqConvs(PyExprMutator):
 
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 _MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
+_AVG_POOL = tvm.ir.Op.get("relax.nn.avg_pool2d")
 _MEAN = tvm.ir.Op.get("relax.mean")
 _CONCAT = tvm.ir.Op.get("relax.concat")
+_BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
 
 
 def _axes(call) -> list[int] | None:
@@ -439,8 +441,8 @@ def _axes(call) -> list[int] | None:
 @expr_functor.mutator
 class _ChannelsLast(PyExprMutator):
     """One sweep: permute_dims(permute_dims(t, TO_NCHW), TO_NHWC) -> t, and an op that only moves
-    values within a tensor's channels or pixels (quantize, dequantize, add, relu, max_pool2d,
-    mean over the pixels, concat along the channels) taking `permute_dims(t, TO_NCHW)` for each
+    values within a tensor's channels or pixels (quantize, dequantize, add, relu, max and average
+    pools, mean over the pixels, concat along the channels, an inference batch norm) taking `permute_dims(t, TO_NCHW)` for each
     4-D input -> the same op on the channels-last `t`, then one permute back. Repeated, the permutes of our channels-last
     convs meet and cancel across the residual adds and pools between them."""
 
@@ -467,6 +469,27 @@ class _ChannelsLast(PyExprMutator):
         self.changed += 1
         return relax.op.permute_dims(self.builder_.emit(moved), TO_NCHW)
 
+    def visit_tuple_getitem_(self, op):
+        """batch_norm(permute_dims(t, TO_NCHW), ..., axis=1)[0] -> the same batch norm on the
+        channels-last t (axis=3), then one permute back: DenseNet's BN + ReLU ahead of each conv,
+        which no conv's store can take, stays between channels-last joins and convs."""
+        op = super().visit_tuple_getitem_(op)
+        value = op.tuple_value
+        bn = self.lookup_binding(value) if isinstance(value, relax.Var) else value
+        if op.index != 0 or not isinstance(bn, relax.Call) or not bn.op.same_as(_BATCH_NORM):
+            return op
+        a, shape = bn.attrs, exprs.shape(bn.args[0])
+        if shape is None or len(shape) != 4 or int(a.axis) not in (1, -3) or bool(a.training):
+            return op
+        t = self._source(bn.args[0])
+        if t is None:
+            return op
+        moved = relax.op.nn.batch_norm(t, *bn.args[1:], axis=3, epsilon=float(a.epsilon), center=bool(a.center),
+                                       scale=bool(a.scale), momentum=float(a.momentum), training=False)
+        self.changed += 1
+        out = self.builder_.emit(relax.TupleGetItem(self.builder_.emit(moved), 0))
+        return relax.op.permute_dims(out, TO_NCHW)
+
     def _channels_last(self, call):
         if not isinstance(call.op, tvm.ir.Op):
             return None
@@ -488,10 +511,12 @@ class _ChannelsLast(PyExprMutator):
             return relax.op.add(*args)
         if op.same_as(_RELU):
             return relax.op.nn.relu(args[0])
-        if op.same_as(_MAX_POOL) and a.layout == "NCHW" and (a.out_layout in (None, "", "NCHW")):
-            return relax.op.nn.max_pool2d(args[0], [int(v) for v in a.pool_size], [int(v) for v in a.strides],
-                                          [int(v) for v in a.padding], [int(v) for v in a.dilation], bool(a.ceil_mode),
-                                          bool(a.count_include_pad), layout="NHWC", out_layout="NHWC")
+        if (op.same_as(_MAX_POOL) or op.same_as(_AVG_POOL)) and a.layout == "NCHW" and \
+                (a.out_layout in (None, "", "NCHW")):
+            pool = relax.op.nn.max_pool2d if op.same_as(_MAX_POOL) else relax.op.nn.avg_pool2d
+            return pool(args[0], [int(v) for v in a.pool_size], [int(v) for v in a.strides],
+                        [int(v) for v in a.padding], [int(v) for v in a.dilation], bool(a.ceil_mode),
+                        bool(a.count_include_pad), layout="NHWC", out_layout="NHWC")
         if op.same_as(_MEAN) and a.axis is not None and sorted(int(v) for v in a.axis) == [2, 3]:
             if not a.keepdims:
                 return None

@@ -2,7 +2,8 @@
 nn.BatchNorm2d reaches `optimize` as the same graph as one whose batch norms were folded by hand.
 
 `fold_batch_norm(mod)` rewrites each `R.nn.batch_norm` with training=False whose gamma, beta,
-mean and variance are constants (bind params first), and whose tuple is only read through
+mean and variance are constants (bind params first; or dequantized constants, as a QDQ model's
+are), and whose tuple is only read through
 [0], with s = gamma / sqrt(var + eps) and shift = beta - mean * s (center=False: no beta,
 scale=False: gamma = 1), computed in float64 and rounded once to float32:
   - conv2d(x, W) -> [add(per-output-channel constant b)] -> batch_norm -> [0], where the conv is
@@ -38,6 +39,7 @@ _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _ADD = tvm.ir.Op.get("relax.add")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
+_DEQUANTIZE = tvm.ir.Op.get("relax.dequantize")
 
 
 class _Function:
@@ -57,7 +59,10 @@ class _Function:
 
     def const(self, expr) -> np.ndarray | None:
         """The value of a constant, or of a var bound to a reshape of one (PyTorch's imported
-        conv biases are `reshape(constant, (1, O, 1, 1))`, and FoldConstant has not run yet)."""
+        conv biases are `reshape(constant, (1, O, 1, 1))`, and FoldConstant has not run yet), or
+        to a dequantize of constants (a QDQ model's batch norm: quantize_static quantizes its
+        gamma and beta too), (q - zero point) * scale along the dequantize's axis, in float32
+        as DequantizeLinear computes it."""
         v = exprs.const(expr)
         if v is not None:
             return v
@@ -65,6 +70,13 @@ class _Function:
         if exprs.is_call(value, _RESHAPE) and exprs.shape(value) is not None:
             inner = self.const(value.args[0])
             return None if inner is None else inner.reshape(exprs.shape(value))
+        if exprs.is_call(value, _DEQUANTIZE) and str(value.attrs.out_dtype) == "float32":
+            q, scale, zp = (self.const(a) for a in value.args)
+            if q is None or scale is None or zp is None or q.ndim != 1 or scale.size not in (1, q.size) \
+                    or zp.size not in (1, q.size):
+                return None
+            diff = (q.astype(np.int64) - zp.astype(np.int64).reshape(-1)).astype(np.float32)
+            return diff * scale.astype(np.float32).reshape(-1)
         return None
 
     def sole_reader(self, var):

@@ -279,7 +279,7 @@ def test_dense_blocks_stay_channels_last(qdq_dense):
     """DenseNet's joins: each batch norm ahead of a conv and the transition's average pool run on
     the channels-last tensor between our convs (no permute but the input's and the output's;
     torchvision's DenseNet-121 QDQ took 35 ms outside its convs with them in NCHW, a transpose
-    each way and TVM's concat), the joins ours (qconcat). The output: each batch norm requantizes
+    each way and TVM's concat), the joins ours (qconcat), the batch norms folded. The output: each batch norm requantizes
     once more between the convs, so one-step differences add up over the five layers; ours stays
     within two steps of the graph as written and no further from it than ONNX Runtime's own int8
     session (two to three steps here; the NCHW build before this gave the same outputs)."""
@@ -290,6 +290,11 @@ def test_dense_blocks_stay_channels_last(qdq_dense):
     assert _ops(out, "relax.concat") == 0
     assert [r["runs_on"] for r in report if r["op"] == "concat"] == ["ours", "ours"]
     assert all(r["runs_on"] == "ours" for r in report if r["op"] == "qconv2d")
+    # each batch norm, its gamma and beta quantized by quantize_static, folded at compile time
+    # into a per-channel scale and shift (no square root and division per value)
+    assert [(r["runs_on"], r["reason"]) for r in report if r["op"] == "batch_norm"] == \
+        [("folded", "into a scale and shift")] * 3
+    assert _ops(out, "relax.nn.batch_norm") == 0
     for x, got, (session, reference, scale) in _runs(mod, path, shape, 7, n=3):
         want = reference.run(None, {"x": x})[0]
         ours, theirs = np.abs(got - want).max() / scale, np.abs(session.run(None, {"x": x})[0] - want).max() / scale

@@ -400,7 +400,10 @@ class _QdqConvs(PyExprMutator):
             g = Geometry.of(params, block=int8.conv_kernel(self.isa).nr)
             mod, op = int8.prepare(g, self.isa, quant, post, self.threads)  # compiled with the model
             name = f"mk_qconv2d_{len(self.funcs)}_{op.plan.kern.name}"  # mk_: ours, which rest.py leaves alone
-            func = mod["main"].with_attr("global_symbol", name)
+            # Opaque: FuseOps must not fuse the elementwise ops after it (MobileNetV3's dequantize
+            # -> HardSwish -> quantize) into its TIR, whose Out may be the output flattened: FuseTIR
+            # then refuses the buffers, and the whole model fell back to TVM's own build.
+            func = mod["main"].with_attr("global_symbol", name).with_attr("op_pattern", _OPAQUE)
             self.funcs[key] = (self.builder_.add_func(func, name), op)
         gv, op = self.funcs[key]
         if chain.dense:  # (N, K) is (N, 1, 1, K) channels-last, as it is
@@ -432,6 +435,7 @@ _AVG_POOL = tvm.ir.Op.get("relax.nn.avg_pool2d")
 _MEAN = tvm.ir.Op.get("relax.mean")
 _CONCAT = tvm.ir.Op.get("relax.concat")
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
+_OPAQUE = 8  # relax.OpPatternKind.kOpaque
 
 
 def _axes(call) -> list[int] | None:

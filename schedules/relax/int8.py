@@ -50,6 +50,8 @@ naming the range either way).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -436,6 +438,12 @@ _MEAN = tvm.ir.Op.get("relax.mean")
 _CONCAT = tvm.ir.Op.get("relax.concat")
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
 _OPAQUE = 8  # relax.OpPatternKind.kOpaque
+# Elementwise ops that move channels-last as they are: the activations QDQ models keep in float
+# between a DequantizeLinear and a QuantizeLinear (EfficientNet's SiLU as sigmoid and multiply,
+# its squeeze-and-excitation scale, MobileNetV3's hardswish and hardsigmoid in their parts).
+_ELEMENTWISE = {tvm.ir.Op.get(f"relax.{n}") for n in (
+    "sigmoid", "tanh", "exp", "nn.silu", "nn.gelu", "nn.gelu_tanh", "clip", "multiply", "subtract", "divide",
+    "maximum", "minimum")}
 
 
 def _axes(call) -> list[int] | None:
@@ -515,6 +523,13 @@ class _ChannelsLast(PyExprMutator):
             return relax.op.add(*args)
         if op.same_as(_RELU):
             return relax.op.nn.relu(args[0])
+        if op in _ELEMENTWISE:
+            # every 4-D input channels-last (a source); the others single values, which broadcast
+            tensors = [x for x in call.args if isinstance(getattr(x, "ty", None), relax.TensorType)]
+            if any(exprs.shape(x) is None or (len(exprs.shape(x)) != 4 and math.prod(exprs.shape(x)) != 1)
+                   for x in tensors):
+                return None
+            return relax.Call(op, args, a)
         if (op.same_as(_MAX_POOL) or op.same_as(_AVG_POOL)) and a.layout == "NCHW" and \
                 (a.out_layout in (None, "", "NCHW")):
             pool = relax.op.nn.max_pool2d if op.same_as(_MAX_POOL) else relax.op.nn.avg_pool2d

@@ -320,8 +320,12 @@ def test_activations_after_our_convs_build_with_our_kernels(qdq_mobile):
     """dequantize -> HardSwish -> quantize after our int8 convs: FuseOps fused those into our
     conv's TIR (not marked opaque), FuseTIR refused its buffers and `build` fell back to TVM's
     own build of the whole model (torchvision's MobileNetV3-Large QDQ: 150 ms instead of 3.8 on
-    the Xeon model 207). Now the model builds with every conv on ours, no fallback."""
+    the Xeon model 207). Now the model builds with every conv on ours, no fallback, and the
+    activations run channels-last between the convs."""
     mod, path, shape = qdq_mobile
+    # the hardswish parts (add, clip as maximum/minimum, divide, multiply) move channels-last
+    # too: no permute between the convs, one at the input and one at the output
+    assert _ops(schedules.relax.optimize(mod, lower=False), "relax.permute_dims") == 2
     report = []
     vm = relax.VirtualMachine(schedules.relax.build(mod, report=report), tvm.cpu())
     assert not [r for r in report if r["op"] == "model"], [r for r in report if r["op"] == "model"]

@@ -2,7 +2,7 @@
 
 A QDQ graph joins branches as QuantizeLinear(Concat(DequantizeLinear(x_i, s_i, z_i), ...)):
 each branch back to float32, concatenated, quantized again at the join's own scale. After the
-conv pass moves it channels-last (int8.channels_last), TVM's lowering of that chain reads, per
+conv pass moves it channels-last (qlayout.channels_last), TVM's lowering of that chain reads, per
 output value, every branch under a select (`if_then_else` on the channel), which does not
 vectorize: 2.7 ns a value on GoogLeNet's first join, a third of a 1x1 conv's time. Here each
 branch is its own loop nest writing its slice of the output's channels, vectorized along them and

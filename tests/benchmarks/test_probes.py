@@ -44,13 +44,22 @@ def test_load_peak_loop_is_one_memory_operand_fma_per_chain(isa):
 
 def test_depthwise_loop_probe_is_not_faster_than_its_bound():
     """Short rows (7 pixels: one unrolled step) and long ones. A probe that measured nothing ran
-    at 450% of the bound; noise only makes it slower, so 1.5x is a generous ceiling."""
+    at 450% of the bound; the ceiling is 2.5x. The bound (one memory-operand FMA per chain) is
+    not a hard one: on the Xeon model 207 it measured 113 GFLOP/s and the 32x112x112 loop, which
+    reuses each loaded row across taps, 172-219 (1.5-1.9x); 1.5x failed there. Noise slows either
+    measurement: where the probe looks too fast, the bound is measured again and the best counts."""
     isa = best_host_isa()
-    bound = max(measure_peak(isa, loads=True) for _ in range(3))
+
+    def peak() -> float:
+        return max(measure_peak(isa, loads=True) for _ in range(3))
+
+    bound = peak()
     layers = [layer for layer in load_workloads("mobilenet_v2") if layer.kind == "depthwise"]
     for layer in (layers[-1], layers[-2], layers[0]):  # 960x7x7 s1, 576x14x14 s2 (7 wide), 32x112x112
         g = dw_loop_gflops(isa, layer, calls=500, repeat=3)
-        assert 0 < g < 1.5 * bound, f"{layer.label}: {g:.0f} GFLOP/s against a bound of {bound:.0f}"
+        if g >= 2.5 * bound:
+            bound = max(bound, peak(), peak())
+        assert 0 < g < 2.5 * bound, f"{layer.label}: {g:.0f} GFLOP/s against a bound of {bound:.0f}"
 
 
 @pytest.mark.parametrize("isa", X86_INT_ISAS.values(), ids=how)

@@ -99,18 +99,25 @@ class _Ours:
         return line
 
 
-def _engines(src: zoo.Source, x: np.ndarray, threads: int, with_peers: bool, exports) -> list:
+def _engines(src: zoo.Source, x: np.ndarray, threads: int, with_peers: bool, exports) -> tuple[list, list]:
     """The other engines at `threads`: ONNX Runtime and OpenVINO (with_peers; those installed),
-    PyTorch eager for a torch model."""
+    PyTorch eager for a torch model; and why any engine was left out (a package missing, or an
+    engine that crashed on this model)."""
     if src.kind == "torch":
-        return exports.engines(x, threads) if with_peers else [peers.pytorch(src.module, x, threads)]
-    out = []
+        if not with_peers:
+            return [peers.pytorch(src.module, x, threads)], []
+        return exports.engines(x, threads), exports.skipped
+    out, skipped = [], []
     if with_peers:
         if not peers.missing("ONNX Runtime"):
             out.append(peers.onnx_runtime(src.onnx_path, x, threads))
-        if not peers.missing("OpenVINO") and not peers.crashes("OpenVINO", src.onnx_path, x.shape):
-            out.append(peers.openvino(src.onnx_path, x, threads))
-    return out
+        if not peers.missing("OpenVINO"):
+            why = peers.crashes("OpenVINO", src.onnx_path, x.shape)
+            if why is None:
+                out.append(peers.openvino(src.onnx_path, x, threads))
+            else:
+                skipped.append(why)
+    return out, skipped
 
 
 def _reference(src: zoo.Source, x: np.ndarray):
@@ -144,13 +151,9 @@ def run(source: str, threads: list[int], log, batch: int = 1, image: tuple | Non
             ours = _Ours(src, x, t, target)
             log(f"{source} {'x'.join(map(str, x.shape))}, {t} thread(s): first call {ours.first_call:.1f} s; "
                 f"{ours.summary()}")
-            engines = _engines(src, x, t, with_peers, exports)
-            # engines left out: a package missing, or an engine that crashed on this model
-            skipped = exports.skipped if exports is not None else (
-                [peers.crashes("OpenVINO", src.onnx_path, x.shape)] if with_peers and not peers.missing("OpenVINO")
-                else [])
+            engines, skipped = _engines(src, x, t, with_peers, exports)
             for why in skipped:
-                if why and why not in said:
+                if why not in said:
                     said.append(why)
                     log(why)
             result["skipped"] = said

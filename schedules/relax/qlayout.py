@@ -16,7 +16,6 @@ from . import exprs
 _DEQUANTIZE = tvm.ir.Op.get("relax.dequantize")
 _QUANTIZE = tvm.ir.Op.get("relax.quantize")
 _ADD = tvm.ir.Op.get("relax.add")
-_RELU = tvm.ir.Op.get("relax.nn.relu")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 _MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
@@ -24,12 +23,12 @@ _AVG_POOL = tvm.ir.Op.get("relax.nn.avg_pool2d")
 _MEAN = tvm.ir.Op.get("relax.mean")
 _CONCAT = tvm.ir.Op.get("relax.concat")
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
-# Elementwise ops that move channels-last as they are: the activations QDQ models keep in float
-# between a DequantizeLinear and a QuantizeLinear (EfficientNet's SiLU as sigmoid and multiply,
-# its squeeze-and-excitation scale, MobileNetV3's hardswish and hardsigmoid in their parts).
+# Elementwise ops that move channels-last as they are: ReLU, and the activations QDQ models keep
+# in float between a DequantizeLinear and a QuantizeLinear (EfficientNet's SiLU as sigmoid and
+# multiply, its squeeze-and-excitation scale, MobileNetV3's hardswish and hardsigmoid in parts).
 _ELEMENTWISE = {tvm.ir.Op.get(f"relax.{n}") for n in (
-    "sigmoid", "tanh", "exp", "nn.silu", "nn.gelu", "nn.gelu_tanh", "clip", "multiply", "subtract", "divide",
-    "maximum", "minimum")}
+    "nn.relu", "sigmoid", "tanh", "exp", "nn.silu", "nn.gelu", "nn.gelu_tanh", "clip", "multiply", "subtract",
+    "divide", "maximum", "minimum")}
 
 
 def _axes(call) -> list[int] | None:
@@ -107,8 +106,6 @@ class _ChannelsLast(PyExprMutator):
             if any(exprs.shape(x) is not None and len(exprs.shape(x)) not in (0, 4) for x in call.args):
                 return None
             return relax.op.add(*args)
-        if op.same_as(_RELU):
-            return relax.op.nn.relu(args[0])
         if op in _ELEMENTWISE:
             # every 4-D input channels-last (a source); the others single values, which broadcast
             tensors = [x for x in call.args if isinstance(getattr(x, "ty", None), relax.TensorType)]

@@ -28,6 +28,7 @@
  vfmadd231ps -192(%r12){1to16}, %zmm28, %zmm3
  vfmadd231ps -128(%r12){1to16}, %zmm28, %zmm2
  vfmadd231ps -64(%r12){1to16}, %zmm28, %zmm1
+ prefetcht1 16384(%r13,%rax,4)
  vfmadd231ps (%r12){1to16}, %zmm28, %zmm0
  addq $16, %rax
  addq $4, %r12

@@ -28,6 +28,7 @@
  vfmadd231ps 1536(%r13,%r8){1to16}, %zmm28, %zmm3
  vfmadd231ps 1600(%r13,%r8){1to16}, %zmm28, %zmm2
  vfmadd231ps 1664(%r13,%r8){1to16}, %zmm28, %zmm1
+ prefetcht1 36864(%rdi)
  vfmadd231ps 1728(%r13,%r8){1to16}, %zmm28, %zmm0
  addq $4, %r8
  addq $64, %rdi
@@ -62,6 +63,7 @@
  vfmadd231ps 5248(%r13,%r8){1to16}, %zmm28, %zmm3
  vfmadd231ps 5312(%r13,%r8){1to16}, %zmm28, %zmm2
  vfmadd231ps 5376(%r13,%r8){1to16}, %zmm28, %zmm1
+ prefetcht1 36864(%rdi)
  vfmadd231ps 5440(%r13,%r8){1to16}, %zmm28, %zmm0
  addq $4, %r8
  addq $64, %rdi
@@ -96,6 +98,7 @@
  vfmadd231ps 8960(%r13,%r8){1to16}, %zmm28, %zmm3
  vfmadd231ps 9024(%r13,%r8){1to16}, %zmm28, %zmm2
  vfmadd231ps 9088(%r13,%r8){1to16}, %zmm28, %zmm1
+ prefetcht1 36864(%rdi)
  vfmadd231ps 9152(%r13,%r8){1to16}, %zmm28, %zmm0
  addq $4, %r8
  addq $64, %rdi

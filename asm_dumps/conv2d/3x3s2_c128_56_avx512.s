@@ -28,13 +28,15 @@
  vfmadd231ps -384(%rbx){1to16}, %zmm28, %zmm3
  vfmadd231ps -256(%rbx){1to16}, %zmm28, %zmm2
  vfmadd231ps -128(%rbx){1to16}, %zmm28, %zmm1
+ prefetcht1 73728(%rdi,%r13,4)
  vfmadd231ps (%rbx){1to16}, %zmm28, %zmm0
  addq $16, %r13
  addq $4, %rbx
  cmpq $768, %r13
  jne .L87
 .L88:
- vmovups (%rdi,%rbx,4), %zmm28
+ vmovups 6144(%rdi,%rbx), %zmm28
+ prefetcht1 79872(%rdi,%rbx)
  vfmadd231ps -3456(%r13){1to16}, %zmm28, %zmm27
  vfmadd231ps -3328(%r13){1to16}, %zmm28, %zmm26
  vfmadd231ps -3200(%r13){1to16}, %zmm28, %zmm25
@@ -63,12 +65,12 @@
  vfmadd231ps -256(%r13){1to16}, %zmm28, %zmm2
  vfmadd231ps -128(%r13){1to16}, %zmm28, %zmm1
  vfmadd231ps (%r13){1to16}, %zmm28, %zmm0
- addq $16, %rbx
  addq $4, %r13
- cmpq $1536, %rbx
+ addq $64, %rbx
  jne .L88
 .L89:
- vmovups (%rdi,%rbx,4), %zmm28
+ vmovups 9216(%rdi,%rbx), %zmm28
+ prefetcht1 82944(%rdi,%rbx)
  vfmadd231ps -3456(%r13){1to16}, %zmm28, %zmm27
  vfmadd231ps -3328(%r13){1to16}, %zmm28, %zmm26
  vfmadd231ps -3200(%r13){1to16}, %zmm28, %zmm25
@@ -97,7 +99,6 @@
  vfmadd231ps -256(%r13){1to16}, %zmm28, %zmm2
  vfmadd231ps -128(%r13){1to16}, %zmm28, %zmm1
  vfmadd231ps (%r13){1to16}, %zmm28, %zmm0
- addq $16, %rbx
  addq $4, %r13
- cmpq $2304, %rbx
+ addq $64, %rbx
  jne .L89

@@ -28,6 +28,7 @@
  vfmadd231ps 576(%r10){1to16}, %zmm28, %zmm3
  vfmadd231ps 600(%r10){1to16}, %zmm28, %zmm2
  vfmadd231ps 624(%r10){1to16}, %zmm28, %zmm1
+ prefetcht1 9408(%rdx,%r15,4)
  vfmadd231ps 648(%r10){1to16}, %zmm28, %zmm0
  addq $16, %r15
  addq $4, %r10

@@ -10,7 +10,13 @@ Loop nest, outer to inner:
                   packed into a small buffer first when the layer pads, so what the tiles read
                   stays in L2 (per-segment spatial packing). The window a band needs is
                   KH + SH*(VH-1) rows tall (dilated: (KH-1)*DH + 1 + SH*(VH-1)).
-    o           : output-channel block (the weights of one block stay in L2 across rows)
+    o           : output-channel block (the weights of one block stay in L2 across rows);
+                  every tile call prefetches into L2 the panel after its own: the next output
+                  block's weights, which in a network come from memory (its weights do not
+                  stay in cache between inferences). Measured on the Zen 5: EfficientNet-B0's
+                  192 -> 1152 1x1 layer at 7x7 0.141 -> 0.090 ms with caches flushed (0.086
+                  warm), the whole network 5.41 -> 5.10 ms, MobileNetV3-Large 2.68 -> 2.51,
+                  ResNet-50 29.0 -> 28.1 (1 thread)
     [chunk]     : where one band covers the map and a job's weights outgrow half of L1, the
                   reduction is cut into chunks of input-channel blocks (chunk_blocks): each
                   chunk's tiles add to the output the previous chunk stored, the last applies
@@ -170,15 +176,16 @@ class ChunkPhase:
     loop: int  # > 0: the phase is a loop over this many chunks (iterator c, block axis vc)
     init: bool  # the first chunk overwrites C; the others add to it
     epilogue: Epilogue  # only the last chunk's: bias, residual and act see the whole sum
-    prefetch: bool  # each call prefetches the next chunk's weights (GemmKernel.prefetch)
+    prefetch: bool  # each call prefetches the weights the next call reads (GemmKernel.prefetch)
 
 
 def chunk_phases(nb: int, chunk: int, ep: Epilogue) -> list[ChunkPhase]:
     """The first chunk, the middle ones as one loop, the last chunk; or the whole reduction as
-    one phase when chunk == nb."""
+    one phase when chunk == nb. Every phase prefetches: a chunk the next chunk's weights, the
+    whole reduction the next output block's (module doc)."""
     n = nb // chunk
     if n == 1:
-        return [ChunkPhase("", nb, "0", 0, True, ep, False)]
+        return [ChunkPhase("", nb, "0", 0, True, ep, True)]
     phases = [ChunkPhase("c0_", chunk, "0", 0, True, NO_EPILOGUE, True)]
     if n > 2:
         phases.append(ChunkPhase("cm_", chunk, f"(vc + 1) * {chunk}", n - 2, False, NO_EPILOGUE, True))

@@ -200,13 +200,14 @@ def tile_loop_problems(lp: Loop, isa: Isa, mr: int, nv: int, prefetches: int = 0
     return problems
 
 
-def int_tile_loop_problems(lp: Loop, isa: Isa, op: str, mr: int, nv: int) -> list[str]:
+def int_tile_loop_problems(lp: Loop, isa: Isa, op: str, mr: int, nv: int, prefetches: int = 0) -> list[str]:
     """Why `lp` is not exactly an x86 integer tile's K step (microkernels.int_gemm; empty: it is).
 
     Allowed: MR*NV vpdpbusd (op "u8s8"), or MR*NV vpmaddwd each with its vpaddd (op "s16"), or
     MR*NV vpmaddubsw each with a vpmaddwd by the one register of ones and a vpaddd (op "u8s7"), on
-    the ISA's vector registers; NV vector loads (B); MR vpbroadcastd (A); bookkeeping on general
-    registers. Not allowed: any store, widening or other vector instruction, any stack access.
+    the ISA's vector registers; NV vector loads (B); MR vpbroadcastd (A); `prefetches` prefetcht1
+    (a prefetching kernel's, one per B vector); bookkeeping on general registers. Not allowed: any
+    store, widening or other vector instruction, any stack access.
     """
     reg = {512: "%zmm", 256: "%ymm"}[isa.vector_bits]
     body = [i.removeprefix("{vex} ") for i in lp.body]
@@ -214,6 +215,9 @@ def int_tile_loop_problems(lp: Loop, isa: Isa, op: str, mr: int, nv: int) -> lis
     muls = [i for i in body if i.split()[0] == mul]
     adds = [i for i in body if i.split()[0] == "vpaddd"]
     problems = []
+    if lp.count("prefetcht1") != prefetches:
+        problems.append(f"{lp.count('prefetcht1')} prefetcht1, expected {prefetches}")
+    body = [i for i in body if i.split()[0] != "prefetcht1"]
     if len(muls) != mr * nv:
         problems.append(f"{len(muls)} {mul}, expected {mr * nv}")
     if op == "u8s7":

@@ -26,8 +26,14 @@ row (4 bytes, vpbroadcastd) and loads NR/lanes vectors of B, then MR * NR/lanes 
 update the accumulators, which stay in registers for the whole reduction. Strides are in
 elements of the operand's own type.
 
+With `prefetch` (suffix _pf), every B load also prefetches into L2 (prefetcht1) the byte one
+call's B further on (k/group*ldb, or n1*n2*n3 times that for a batch), as the FP32 kernels do
+(microkernels.f32_gemm): a conv's consecutive calls walk the output blocks' weight panels in
+order, and in a network those come from memory. On the Zen 5, int8 ResNet-50 QDQ 9.82 -> 9.19
+ms at one thread, 5.01 -> 4.74 at two (alternating builds); MobileNetV2 unchanged.
+
 Signature of every generated kernel (k a multiple of the group):
-    void mk_u8s8_gemm_<MR>x<NR>_<isa>[_beta0](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k)
+    void mk_u8s8_gemm_<MR>x<NR>_<isa>[_beta0][_pf](ptr a, i32 lda, ptr b, i32 ldb, ptr c, i32 ldc, i32 k)
     void mk_s16_gemm_<MR>x<NR>_<isa>[_beta0](...same...)
     void mk_u8s7_gemm_<MR>x<NR>_<isa>[_beta0](...same...)
 The batch-reduce variant (brgemm) sums n1*n2*n3 products into one tile, A at
@@ -89,6 +95,7 @@ class IntGemmKernel:
     # vpmaddubsw on uint8 x int8 (PAIR_OPS): exact only for weights within PAIR_BOUND per pair,
     # which the caller proves; AVX2 and AVX-512 without VNNI.
     pairs: bool = False
+    prefetch: bool = False  # prefetch the B panel(s) that follow this call's (module doc)
 
     def __post_init__(self):
         if self.isa.name not in OPS:
@@ -155,6 +162,7 @@ class IntGemmKernel:
         suffix = "" if self.accumulate else "_beta0"
         if self.requant:
             suffix = f"_{_OUT_SUFFIX[self.requant]}"
+        suffix += "_pf" if self.prefetch else ""
         return f"mk_{self.op}_{op}_{self.mr}x{self.nr}_{self.isa.name}{suffix}"
 
     def llvm_ir(self) -> str:
@@ -247,6 +255,9 @@ def _k_step(kern: IntGemmKernel, acc: str, nacc: str) -> list[str]:
         out.append(f"  %bo{j} = add i64 %kb, {j * lanes * g}")
         out.append(f"  %bp{j} = getelementptr inbounds {elem}, ptr %bb, i64 %bo{j}")
         out.append(f"  %bv{j} = load {vo}, ptr %bp{j}, align 1")
+        if kern.prefetch:  # into L2, one call's B ahead (module doc)
+            out.append(f"  %pf{j} = getelementptr {elem}, ptr %bp{j}, i64 %pfd")
+            out.append(f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 2, i32 1)")
     for i in range(kern.mr):
         out.append(f"  %aq{i} = getelementptr inbounds {elem}, ptr %ap{i}, i64 %ka")
         out.append(f"  %aw{i} = load i32, ptr %aq{i}, align 1")
@@ -290,6 +301,8 @@ def _generate(kern: IntGemmKernel) -> str:
         out.append(f"  %slot{i}_{j} = alloca {vi}, align 64")
     out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
     out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %kg, %ldb64"]
+    if kern.prefetch:  # the distance to the panels after this call's: all n1*n2*n3 of them
+        out += ["  %pfn1 = mul i64 %bstep, %n164", "  %pfn2 = mul i64 %pfn1, %n264", "  %pfd = mul i64 %pfn2, %n364"]
     for i, j in tiles:
         if kern.accumulate:
             out.append(f"  %cro{i}_{j} = mul i64 {i}, %ldc64")
@@ -305,6 +318,7 @@ def _generate(kern: IntGemmKernel) -> str:
         out.append(f"  %res{i}_{j} = load {vi}, ptr %slot{i}_{j}, align 64")
     out += int_requant.store(kern, lambda i, j: f"%res{i}_{j}")
     out += ["  ret void", "}", decl] + ([_pmaddwd(kern)] if kern.op == "u8s7" else [])
+    out += ["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []
     out += int_requant.declarations(kern)
     out += ["!0 = distinct !{!0, !1}", '!1 = !{!"llvm.loop.unroll.disable"}', ""]
     return "\n".join(out)

@@ -29,6 +29,9 @@ KERNELS = [
     # the vpmaddubsw pairs tile, its weights within the pair bound (testers.int_gemm.draw)
     IntGemmKernel(AVX2, 5, 16, pairs=True), IntGemmKernel(AVX2, 12, 8, pairs=True),
     IntGemmKernel(AVX512, 6, 64, pairs=True),
+    # prefetching the next call's B (what the convs run): the same numerics
+    IntGemmKernel(AVX512_VNNI, 14, 32, prefetch=True), IntGemmKernel(AVX2, 6, 16, prefetch=True),
+    IntGemmKernel(AVX2, 5, 16, pairs=True, prefetch=True),
 ]
 
 
@@ -233,18 +236,22 @@ ACCEPTED = [IntGemmKernel(isa, mr, nr) for isa in X86_INT_ISAS.values() for mr, 
             if nr in (isa.lanes, 2 * isa.lanes, 4 * isa.lanes)]
 ACCEPTED += [IntGemmKernel(isa, mr, nr, pairs=True) for isa in (AVX2, AVX512) for mr, nr in max_tiles(isa, 64, True)
              if nr in (isa.lanes, 2 * isa.lanes, 4 * isa.lanes)]
+ACCEPTED += [default_int_kernel(n, prefetch=True) for n in X86_INT_ISAS]
+ACCEPTED += [default_int_kernel(n, pairs=True, prefetch=True) for n in (AVX2.name, AVX512.name)]
 
 
 @pytest.mark.parametrize("kern", ACCEPTED, ids=lambda k: k.name)
 def test_k_loop_is_the_tile_and_nothing_else(kern):
     """One K loop of exactly MR * NR/lanes vpdpbusd (or vpmaddwd + vpaddd, or vpmaddubsw +
     vpmaddwd by ones + vpaddd) on the ISA's registers,
-    NR/lanes B loads, MR broadcasts, no stores, no stack traffic. Compiled only."""
+    NR/lanes B loads, MR broadcasts, a prefetching kernel's one prefetcht1 per B load, no stores,
+    no stack traffic. Compiled only."""
     lib = compile_tile(kern, TileLayout.dense(kern, 8 * kern.group))  # the kernel's own target, run or not
     fn = asm.compute_function(lib.mod.inspect_source("asm"))
     loops = [lp for lp in asm.single_block_loops(fn) if any(m in i for i in lp.body for m in ("vpdpbusd", "vpmaddwd"))]
     assert len(loops) == 1, f"expected one K loop, found {len(loops)}"
-    problems = asm.int_tile_loop_problems(loops[0], kern.isa, kern.op, kern.mr, kern.vectors_per_row)
+    problems = asm.int_tile_loop_problems(loops[0], kern.isa, kern.op, kern.mr, kern.vectors_per_row,
+                                          prefetches=kern.vectors_per_row if kern.prefetch else 0)
     assert problems == [], f"{kern.name}: {problems}\n" + "\n".join(loops[0].body)
     if kern.isa is AVX_VNNI:
         assert all(i.startswith("{vex} vpdpbusd") for i in loops[0].body if "vpdpbusd" in i)

@@ -101,10 +101,11 @@ def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geome
     tiles where the layer's channels pad to whole 64-deep K steps cheaply (amx_tile; `pitched`:
     for tiles over the flat run of rows, Int8Plan.pitch), else its fallback's (AVX-512 VNNI).
     pairs: the layer's weights fit the pair bound (PAIR_BOUND); where `takes_pairs`, the
-    vpmaddubsw tile instead of the upcast."""
+    vpmaddubsw tile instead of the upcast. The x86 GEMM tiles prefetch the next call's weights
+    (IntGemmKernel.prefetch): a network's weights come from memory."""
     tiles = TILES[isa.name]
     if pairs and takes_pairs(isa, dtype, depthwise):
-        return IntGemmKernel(isa, *x86_tile(isa, g, pairs=True), pairs=True)
+        return IntGemmKernel(isa, *x86_tile(isa, g, pairs=True), pairs=True, prefetch=True)
     if dtype == "int16" or depthwise:
         isa = tiles.int16
         tiles = TILES[isa.name]
@@ -116,7 +117,7 @@ def conv_kernel(isa: Isa, dtype: str = "int8", depthwise: bool = False, g: Geome
             return AmxGemmKernel(*amx, accumulate=False)
         isa = tiles.fallback
     mr, nr = x86_tile(isa, g)
-    return IntGemmKernel(isa, mr, nr)
+    return IntGemmKernel(isa, mr, nr, prefetch=True)
 
 
 def exact_bound(kern) -> tuple[int, str]:

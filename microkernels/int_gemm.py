@@ -159,10 +159,12 @@ class IntGemmKernel:
     @property
     def name(self) -> str:
         op = "brgemm" if self.batch_reduce else "gemm"  # self.op names the instruction
-        suffix = "" if self.accumulate else "_beta0"
-        if self.requant:
-            suffix = f"_{_OUT_SUFFIX[self.requant]}"
+        # In the float tiles' order (docs/design.md): _beta0, _pf, then the store (_qu8 ...),
+        # which implies beta=0 and so stands for it.
+        suffix = "" if self.accumulate or self.requant else "_beta0"
         suffix += "_pf" if self.prefetch else ""
+        if self.requant:
+            suffix += f"_{_OUT_SUFFIX[self.requant]}"
         return f"mk_{self.op}_{op}_{self.mr}x{self.nr}_{self.isa.name}{suffix}"
 
     def llvm_ir(self) -> str:

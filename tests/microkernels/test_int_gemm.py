@@ -100,7 +100,7 @@ def test_names_dtypes_groups_and_variants(isa_name):
     assert IntGemmKernel(isa, mr, nr, requant="int8").name.endswith("_qs8")
     assert IntGemmKernel(isa, mr, nr, requant="float32").name.endswith("_qf32")
     pf = IntGemmKernel(isa, mr, nr, batch_reduce=True, requant="uint8", prefetch=True)
-    assert pf.name == f"mk_{infix}_brgemm_{mr}x{nr}_{isa_name}_qu8_pf"
+    assert pf.name == f"mk_{infix}_brgemm_{mr}x{nr}_{isa_name}_pf_qu8"
     assert "@llvm.prefetch.p0" in pf.llvm_ir() and "@llvm.prefetch" not in q.llvm_ir()
 
 

@@ -4,7 +4,8 @@ Against numpy in float64: x of rank 2 to 4 (ConvNeXt's token form, a classifier'
 GEMV), row counts MR does not divide, K and N of any size, the bias fused on either side of
 the add or kept when it broadcasts the result; the report must say ours for each, and a
 matmul by a non-constant, by a batch of matrices, or of another dtype must stay on TVM's
-lowering with its reason. Runs the host's float ISA only (AVX2 on a Zen 3, AVX-512 where the
+lowering with its reason; the packed matmul's K loop prefetches the next panel (compiled for AVX2 and
+AVX-512 on any host). The numerics run the host's float ISA only (AVX2 on a Zen 3, AVX-512 where the
 host has it): the tiles' numerics on each ISA are tests/intrinsics' and test_matmul's.
 """
 
@@ -107,3 +108,29 @@ def test_other_matmuls_stay_on_tvm_with_the_reason(func, why):
     args = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(np.float32) for p in func.params]
     want = np.matmul(*args, *([np.ones((2, 8, 16), np.float32)] if len(args) == 1 else []))
     np.testing.assert_allclose(f(*map(tvm.runtime.tensor, args)).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa_name", ["avx2", "avx512"])
+@pytest.mark.parametrize("m, n, k", [(49, 3072, 768), (1, 1000, 2048)])
+def test_the_packed_matmul_prefetches_the_next_panel(isa_name, m, n, k):
+    """A model's weights come from memory: each tile call of the packed matmul prefetches the B
+    panel after its own, one prefetcht1 per B vector in the K loop, nothing else added.
+    Compiled only (both ISAs on any host)."""
+    from microkernels import ISAS, asm
+    from schedules.matmul import packed_matmul
+
+    isa = ISAS[isa_name]
+    plan, mod = packed_matmul(m, n, k, isa, bias=True)
+    assert plan.kernel.prefetch
+    loops = asm.fma_loops(tvm.compile(mod, target=isa.target).mod.inspect_source("asm"))
+    assert loops, "no FMA loop: the tile was not tensorized"
+    nv = plan.kernel.vectors_per_row
+    for lp in loops:
+        # rows: the tile's, or where LLVM drops the zero-padded rows of a 1-row product, fewer
+        rows = lp.count("vfmadd") // nv
+        assert rows >= 1 and lp.count("vfmadd") == rows * nv, "\n".join(lp.body)
+        if rows == 1:  # a GEMV's loop: LLVM folds a B load into an FMA, which the tile check refuses
+            assert lp.count("prefetcht1") == nv and not lp.stack_accesses(), "\n".join(lp.body)
+            continue
+        problems = asm.tile_loop_problems(lp, isa, rows, nv, prefetches=nv)
+        assert not problems, f"{lp.label}: {problems}\n" + "\n".join(lp.body)

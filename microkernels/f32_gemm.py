@@ -214,11 +214,7 @@ def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]
         out.append(f"  %bp{j} = getelementptr inbounds float, ptr {b}, i64 %bo{j}")
         out.append(f"  %bv{j} = load {vt}, ptr %bp{j}, align 4")
         if kern.prefetch:
-            # Into L2 (locality 2: prefetcht1): the panel is wanted a whole call later, and
-            # in L1 it would evict the A window this call still reads. One 16-float vector
-            # (AVX-512) is one cache line; AVX2 fetches each line twice, harmlessly.
-            out.append(f"  %pf{j} = getelementptr float, ptr %bp{j}, i64 %pfd")
-            out.append(f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 2, i32 1)")
+            out += prefetch_b("float", j)
     for i in range(mr):
         out.append(f"  %aep{i} = getelementptr inbounds float, ptr {ap}{i}, i64 %kk")
         out.append(f"  %as{i} = load float, ptr %aep{i}, align 4")
@@ -231,7 +227,26 @@ def _k_step(kern: GemmKernel, b: str, ap: str, acc: str, nacc: str) -> list[str]
 
 def _declarations(kern: GemmKernel) -> list[str]:
     """The intrinsics a kernel calls besides the FMA (declared with it)."""
-    return ["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []
+    return [PREFETCH_DECLARATION] if kern.prefetch else []
+
+
+PREFETCH_DECLARATION = "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"
+
+
+def prefetch_b(elem: str, j: int) -> list[str]:
+    """The prefetch that follows B vector j's load at %bp<j> (this family's and
+    microkernels.int_gemm's): %pfd elements of `elem` further on, into L2 (locality 2:
+    prefetcht1): the panel is wanted a whole call later, and in L1 it would evict the A window
+    this call still reads. One 64-byte vector (AVX-512) is one cache line; AVX2 fetches each
+    line twice, harmlessly."""
+    return [f"  %pf{j} = getelementptr {elem}, ptr %bp{j}, i64 %pfd",
+            f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 2, i32 1)"]
+
+
+def batch_prefetch_distance() -> list[str]:
+    """%pfd for a batch-reduce kernel: the elements to the panels after this call's, all
+    n1*n2*n3 of them (%bstep each)."""
+    return ["  %pfn1 = mul i64 %bstep, %n164", "  %pfn2 = mul i64 %pfn1, %n264", "  %pfd = mul i64 %pfn2, %n364"]
 
 
 def _epilogue_params(kern: GemmKernel) -> str:
@@ -397,8 +412,8 @@ def _generate_batched(kern: GemmKernel) -> str:
         out.append(f"  %slot{i}_{j} = alloca {vt}, align 32")
     out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
     out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %k64, %ldb64"]
-    if kern.prefetch:  # the distance to the panels after this call's: all n1*n2*n3 of them
-        out += ["  %pfn1 = mul i64 %bstep, %n164", "  %pfn2 = mul i64 %pfn1, %n264", "  %pfd = mul i64 %pfn2, %n364"]
+    if kern.prefetch:
+        out += batch_prefetch_distance()
     for i, j in tiles:
         out.append(f"  %crow{i}_{j} = mul i64 {i}, %ldc64")
         out.append(f"  %coff{i}_{j} = add i64 %crow{i}_{j}, {kern.column(j, 'cgs')}")

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .f32_gemm import TileError, batch_loops
+from .f32_gemm import PREFETCH_DECLARATION, TileError, batch_loops, batch_prefetch_distance, prefetch_b
 from . import int_requant
 from .isa import AVX2, AVX512, AVX512_VNNI, AVX_VNNI, X86_INT_ISAS, Isa, normalize_ints
 
@@ -258,8 +258,7 @@ def _k_step(kern: IntGemmKernel, acc: str, nacc: str) -> list[str]:
         out.append(f"  %bp{j} = getelementptr inbounds {elem}, ptr %bb, i64 %bo{j}")
         out.append(f"  %bv{j} = load {vo}, ptr %bp{j}, align 1")
         if kern.prefetch:  # into L2, one call's B ahead (module doc)
-            out.append(f"  %pf{j} = getelementptr {elem}, ptr %bp{j}, i64 %pfd")
-            out.append(f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 2, i32 1)")
+            out += prefetch_b(elem, j)
     for i in range(kern.mr):
         out.append(f"  %aq{i} = getelementptr inbounds {elem}, ptr %ap{i}, i64 %ka")
         out.append(f"  %aw{i} = load i32, ptr %aq{i}, align 1")
@@ -303,8 +302,8 @@ def _generate(kern: IntGemmKernel) -> str:
         out.append(f"  %slot{i}_{j} = alloca {vi}, align 64")
     out += [f"  %{v} = alloca i64" for v in ("i1p", "i2p", "i3p", "kp")]
     out += ["  %bcur = alloca ptr", "  store ptr %b, ptr %bcur", "  %bstep = mul i64 %kg, %ldb64"]
-    if kern.prefetch:  # the distance to the panels after this call's: all n1*n2*n3 of them
-        out += ["  %pfn1 = mul i64 %bstep, %n164", "  %pfn2 = mul i64 %pfn1, %n264", "  %pfd = mul i64 %pfn2, %n364"]
+    if kern.prefetch:
+        out += batch_prefetch_distance()  # the plain tile is the batch of one: one call's B
     for i, j in tiles:
         if kern.accumulate:
             out.append(f"  %cro{i}_{j} = mul i64 {i}, %ldc64")
@@ -320,7 +319,7 @@ def _generate(kern: IntGemmKernel) -> str:
         out.append(f"  %res{i}_{j} = load {vi}, ptr %slot{i}_{j}, align 64")
     out += int_requant.store(kern, lambda i, j: f"%res{i}_{j}")
     out += ["  ret void", "}", decl] + ([_pmaddwd(kern)] if kern.op == "u8s7" else [])
-    out += ["declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"] if kern.prefetch else []
+    out += [PREFETCH_DECLARATION] if kern.prefetch else []
     out += int_requant.declarations(kern)
     out += ["!0 = distinct !{!0, !1}", '!1 = !{!"llvm.loop.unroll.disable"}', ""]
     return "\n".join(out)

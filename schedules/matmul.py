@@ -21,9 +21,7 @@ nothing.
 
 from __future__ import annotations
 
-import dataclasses
-
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
@@ -334,7 +332,7 @@ def packed_matmul(M: int, N: int, K: int, isa: Isa, bias: bool = False) -> tuple
     # Each tile call prefetches the B panel after its own (GemmKernel.prefetch): a model's
     # weights come from memory. ConvNeXt-Tiny on the Zen 5, 1 thread, alternating builds:
     # 43.96 -> 42.42 and 42.64 -> 42.15 ms (its 49-token Linears ran at 80% of the FMA peak).
-    p = dataclasses.replace(p, kernel=dataclasses.replace(p.kernel, prefetch=True))
+    p = replace(p, kernel=replace(p.kernel, prefetch=True))
     return p, _schedule(p, "packed", bias)
 
 

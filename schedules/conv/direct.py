@@ -176,20 +176,19 @@ class ChunkPhase:
     loop: int  # > 0: the phase is a loop over this many chunks (iterator c, block axis vc)
     init: bool  # the first chunk overwrites C; the others add to it
     epilogue: Epilogue  # only the last chunk's: bias, residual and act see the whole sum
-    prefetch: bool  # each call prefetches the weights the next call reads (GemmKernel.prefetch)
 
 
 def chunk_phases(nb: int, chunk: int, ep: Epilogue) -> list[ChunkPhase]:
     """The first chunk, the middle ones as one loop, the last chunk; or the whole reduction as
-    one phase when chunk == nb. Every phase prefetches: a chunk the next chunk's weights, the
-    whole reduction the next output block's (module doc)."""
+    one phase when chunk == nb. Every phase's tile prefetches (_tile): a chunk the next chunk's
+    weights, the whole reduction the next output block's (module doc)."""
     n = nb // chunk
     if n == 1:
-        return [ChunkPhase("", nb, "0", 0, True, ep, True)]
-    phases = [ChunkPhase("c0_", chunk, "0", 0, True, NO_EPILOGUE, True)]
+        return [ChunkPhase("", nb, "0", 0, True, ep)]
+    phases = [ChunkPhase("c0_", chunk, "0", 0, True, NO_EPILOGUE)]
     if n > 2:
-        phases.append(ChunkPhase("cm_", chunk, f"(vc + 1) * {chunk}", n - 2, False, NO_EPILOGUE, True))
-    return phases + [ChunkPhase("cl_", chunk, str((n - 1) * chunk), 0, False, ep, True)]
+        phases.append(ChunkPhase("cm_", chunk, f"(vc + 1) * {chunk}", n - 2, False, NO_EPILOGUE))
+    return phases + [ChunkPhase("cl_", chunk, str((n - 1) * chunk), 0, False, ep)]
 
 
 def chunk_blocks(g: Geometry, blocks: int, vh: int, l1_bytes: int) -> int:
@@ -208,7 +207,7 @@ def chunk_blocks(g: Geometry, blocks: int, vh: int, l1_bytes: int) -> int:
 
 def kernel(g: Geometry, isa: Isa, t: int, blocks: int, **kw) -> GemmKernel:
     """The batch-reduce kernel of a segment whose tiles are t pixels wide on `blocks` output
-    blocks (kw: the phase's accumulate, epilogue, prefetch); TileError where the ISA's
+    blocks (kw: the phase's accumulate and epilogue, and prefetch); TileError where the ISA's
     registers cannot hold it."""
     return GemmKernel(isa, t, g.block * blocks, batch_reduce=True, col_block=g.block if blocks > 1 else 0, **kw)
 
@@ -220,7 +219,8 @@ def _tile(g: Geometry, isa: Isa, t: int, phase: ChunkPhase, blocks: int, post: P
     plain TIR."""
     if not reduce_axes(phase.nb, g.kh, g.kw, g.bi):
         return None
-    kern = kernel(g, isa, t, blocks, accumulate=not phase.init, epilogue=phase.epilogue, prefetch=phase.prefetch)
+    # Every call prefetches the weights the next one reads (module doc).
+    kern = kernel(g, isa, t, blocks, accumulate=not phase.init, epilogue=phase.epilogue, prefetch=True)
     return ConvTile(kern, phase.nb, g.kh, g.kw, g.bi, g.stride[1], *g.dilation, post.clip)
 
 

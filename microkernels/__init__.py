@@ -5,7 +5,7 @@ This layer knows ISAs, registers and instructions, and nothing of TVM scheduling
 
 from .f32_fma_peak import FmaPeakKernel
 from .f32_gemm import (DEFAULT_TILES, MATMUL_TILES, NARROW_TILES, NO_EPILOGUE, VECTOR_ACTIVATIONS, Epilogue,
-                       GemmKernel, TileError, check_tile, default_kernel, matmul_kernels, max_tiles)
+                       GemmKernel, PREFETCH_WHOLE_REDUCTIONS, TileError, check_tile, default_kernel, matmul_kernels, max_tiles)
 from .int_amx import AmxGemmKernel
 from .int_gemm import IntGemmKernel, default_int_kernel
 from .isa import (AARCH64, AARCH64_DOT, AMX_INT8, ARM_ISAS, AVX2, AVX512, AVX512_VNNI, AVX_VNNI, ISAS, NEON, X86_INT_ISAS,
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_TILES",
     "MATMUL_TILES",
     "NARROW_TILES",
+    "PREFETCH_WHOLE_REDUCTIONS",
     "Epilogue",
     "NO_EPILOGUE",
     "VECTOR_ACTIVATIONS",

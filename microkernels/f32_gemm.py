@@ -184,6 +184,15 @@ DEFAULT_TILES = {"avx2": (6, 16), "avx512": (28, 16)}
 # the 16-channel block itself: none.
 NARROW_TILES = {"avx2": (14, 8)}
 
+# Whether a tile that runs a whole reduction per call (an unchunked direct conv, the packed
+# matmul) prefetches the next call's weight panel (GemmKernel.prefetch); cut reductions and
+# Winograd's GEMMs prefetch on every ISA. Measured whole networks, alternating builds, 1 thread:
+# AVX-512 on the Zen 5, faster with it (EfficientNet-B0 5.41 -> 5.10 ms, ResNet-50 29.0 -> 28.1,
+# ConvNeXt-Tiny 43.96 -> 42.42); AVX2 on the Zen 3, slower with it in all of seven runs (medians
+# of ten rounds: ResNet-50 125.3 against 130.4 ms, MobileNetV3-Large 10.36 against 11.25;
+# docs/design/conv.md), where a 32-byte B vector fetches each line twice.
+PREFETCH_WHOLE_REDUCTIONS = {"avx2": False, "avx512": True}
+
 # The plain matmul's tiles (schedules.matmul) per ISA: (MR, NR, the share of the FMA peak the
 # tile reached L1-resident on the Zen 5 host, best of three). schedules.matmul.plan weighs
 # them per shape: padding N to whole tiles, and for the rows MR does not divide, a packed A

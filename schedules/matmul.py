@@ -28,7 +28,7 @@ import tvm
 from tvm import s_tir, te
 
 import intrinsics
-from microkernels import MATMUL_TILES, GemmKernel, Isa
+from microkernels import MATMUL_TILES, PREFETCH_WHOLE_REDUCTIONS, GemmKernel, Isa
 from microkernels.f32_gemm import registers_needed
 
 from .common import tuned
@@ -327,12 +327,13 @@ def packed_matmul(M: int, N: int, K: int, isa: Isa, bias: bool = False) -> tuple
     """One module of C = A @ B (+ Bias) for every row, B packed beforehand (`pack_b`): the
     plan and the scheduled TIR of main(A, B_pack[, Bias], C), for a model whose weights are
     constants (schedules.relax.linear). Rows MR does not divide are computed in zero-padded
-    tiles (A packed) rather than by a tail op. The tile prefetches the next call's B."""
+    tiles (A packed) rather than by a tail op. The tile prefetches the next call's B where the
+    ISA's entry says so (PREFETCH_WHOLE_REDUCTIONS)."""
     p = plan(M, N, K, float_isa(isa), split_rows=False)
-    # Each tile call prefetches the B panel after its own (GemmKernel.prefetch): a model's
-    # weights come from memory. ConvNeXt-Tiny on the Zen 5, 1 thread, alternating builds:
-    # 43.96 -> 42.42 and 42.64 -> 42.15 ms (its 49-token Linears ran at 80% of the FMA peak).
-    p = replace(p, kernel=replace(p.kernel, prefetch=True))
+    # Where the ISA's entry says it pays, each tile call prefetches the B panel after its own
+    # (GemmKernel.prefetch): a model's weights come from memory. ConvNeXt-Tiny on the Zen 5, 1
+    # thread, alternating builds: 43.96 -> 42.42 and 42.64 -> 42.15 ms.
+    p = replace(p, kernel=replace(p.kernel, prefetch=PREFETCH_WHOLE_REDUCTIONS[p.kernel.isa.name]))
     return p, _schedule(p, "packed", bias)
 
 

@@ -11,12 +11,13 @@ Loop nest, outer to inner:
                   stays in L2 (per-segment spatial packing). The window a band needs is
                   KH + SH*(VH-1) rows tall (dilated: (KH-1)*DH + 1 + SH*(VH-1)).
     o           : output-channel block (the weights of one block stay in L2 across rows);
-                  every tile call prefetches into L2 the panel after its own: the next output
-                  block's weights, which in a network come from memory (its weights do not
-                  stay in cache between inferences). Measured on the Zen 5: EfficientNet-B0's
-                  192 -> 1152 1x1 layer at 7x7 0.141 -> 0.090 ms with caches flushed (0.086
-                  warm), the whole network 5.41 -> 5.10 ms, MobileNetV3-Large 2.68 -> 2.51,
-                  ResNet-50 29.0 -> 28.1 (1 thread)
+                  on AVX-512 every tile call prefetches into L2 the panel after its own: the
+                  next output block's weights, which in a network come from memory (its
+                  weights do not stay in cache between inferences). Measured on the Zen 5:
+                  EfficientNet-B0's 192 -> 1152 1x1 layer at 7x7 0.141 -> 0.090 ms with caches
+                  flushed (0.086 warm), the whole network 5.41 -> 5.10 ms, ResNet-50 29.0 ->
+                  28.1 (1 thread). On AVX2 (the Zen 3) whole networks ran faster without it
+                  (microkernels.PREFETCH_WHOLE_REDUCTIONS)
     [chunk]     : where one band covers the map and a job's weights outgrow half of L1, the
                   reduction is cut into chunks of input-channel blocks (chunk_blocks): each
                   chunk's tiles add to the output the previous chunk stored, the last applies
@@ -39,7 +40,7 @@ from tvm import s_tir
 
 from intrinsics.f32_conv import ConvTile, reduce_axes, register_conv
 from intrinsics.templates import element_body
-from microkernels import GemmKernel, Isa
+from microkernels import PREFETCH_WHOLE_REDUCTIONS, GemmKernel, Isa
 from microkernels.f32_gemm import NO_EPILOGUE, Epilogue, registers_needed
 
 from ..common.targets import check_elements
@@ -180,8 +181,8 @@ class ChunkPhase:
 
 def chunk_phases(nb: int, chunk: int, ep: Epilogue) -> list[ChunkPhase]:
     """The first chunk, the middle ones as one loop, the last chunk; or the whole reduction as
-    one phase when chunk == nb. Every phase's tile prefetches (_tile): a chunk the next chunk's
-    weights, the whole reduction the next output block's (module doc)."""
+    one phase when chunk == nb. A chunk's tile prefetches the next chunk's weights, a whole
+    reduction's the next output block's where the ISA's entry says so (_tile, module doc)."""
     n = nb // chunk
     if n == 1:
         return [ChunkPhase("", nb, "0", 0, True, ep)]
@@ -219,8 +220,10 @@ def _tile(g: Geometry, isa: Isa, t: int, phase: ChunkPhase, blocks: int, post: P
     plain TIR."""
     if not reduce_axes(phase.nb, g.kh, g.kw, g.bi):
         return None
-    # Every call prefetches the weights the next one reads (module doc).
-    kern = kernel(g, isa, t, blocks, accumulate=not phase.init, epilogue=phase.epilogue, prefetch=True)
+    # A chunk's calls prefetch the next chunk's weights; a whole reduction's the next output
+    # block's, where the ISA's entry says it pays (module doc).
+    prefetch = bool(phase.tag) or PREFETCH_WHOLE_REDUCTIONS[isa.name]
+    kern = kernel(g, isa, t, blocks, accumulate=not phase.init, epilogue=phase.epilogue, prefetch=prefetch)
     return ConvTile(kern, phase.nb, g.kh, g.kw, g.bi, g.stride[1], *g.dilation, post.clip)
 
 

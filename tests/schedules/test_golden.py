@@ -1,12 +1,13 @@
 """Assembly of the tensorized convolution (compiled only, so AVX-512 is checked on any host):
 every K loop is one register tile and nothing else, then the golden dump per layer. The 7-wide
-layer on AVX-512 runs tiles of two output blocks (7x32): its K loop holds 14 FMAs. Every K loop
-also prefetches the weights of the next call (the next output block's, or where the plan cuts
-the reduction into chunks, as on the 7x7 layer, the next chunk's): one prefetcht1 per B vector."""
+layer on AVX-512 runs tiles of two output blocks (7x32): its K loop holds 14 FMAs. Where the plan
+cuts the reduction into chunks (the 7x7 layer), every K loop prefetches the next chunk's weights;
+a whole reduction's prefetches the next output block's where the ISA's entry says so (AVX-512,
+not AVX2: microkernels.PREFETCH_WHOLE_REDUCTIONS): one prefetcht1 per B vector, else none."""
 
 import pytest
 
-from microkernels import ARM_ISAS, ISAS, asm
+from microkernels import ARM_ISAS, ISAS, PREFETCH_WHOLE_REDUCTIONS, asm
 from schedules import golden
 
 from .. import golden_dumps
@@ -31,13 +32,14 @@ def test_k_loops_hold_only_the_tile(compiled):
     isa = ISAS[isa_name]
     nv = op.plan["output_blocks"] * op.geometry.block // isa.lanes  # a tile may span two output blocks
     tile_rows = {mr for _, _, mr in op.plan["segments"]}
+    prefetches = nv if op.plan.get("chunk") or PREFETCH_WHOLE_REDUCTIONS[isa_name] else 0
     loops = asm.fma_loops(op.asm)
     assert loops, "no FMA loop: the tiles were not tensorized"
     seen = set()
     for lp in loops:
         mr = lp.count("vfmadd") // nv
         assert mr in tile_rows, f"{lp.label}: {lp.count('vfmadd')} FMAs fit no tile of {sorted(tile_rows)}"
-        problems = asm.tile_loop_problems(lp, isa, mr, nv, prefetches=nv)
+        problems = asm.tile_loop_problems(lp, isa, mr, nv, prefetches=prefetches)
         assert not problems, f"{lp.label} ({mr}x{op.geometry.block} tile): {problems}\n" + "\n".join(lp.body)
         seen.add(mr)
     assert seen == tile_rows, f"tiles {sorted(tile_rows - seen)} have no K loop of their own"

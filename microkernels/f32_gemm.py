@@ -190,7 +190,8 @@ NARROW_TILES = {"avx2": (14, 8)}
 # AVX-512 on the Zen 5, faster with it (EfficientNet-B0 5.41 -> 5.10 ms, ResNet-50 29.0 -> 28.1,
 # ConvNeXt-Tiny 43.96 -> 42.42); AVX2 on the Zen 3, slower with it in all of seven runs (medians
 # of ten rounds: ResNet-50 125.3 against 130.4 ms, MobileNetV3-Large 10.36 against 11.25;
-# docs/design/conv.md), where a 32-byte B vector fetches each line twice.
+# docs/design/conv.md). There a 32-byte B vector fetches each line twice and L2 is half the
+# Zen 5's; which of the two costs it was not settled.
 PREFETCH_WHOLE_REDUCTIONS = {"avx2": False, "avx512": True}
 
 # The plain matmul's tiles (schedules.matmul) per ISA: (MR, NR, the share of the FMA peak the
@@ -247,7 +248,7 @@ def prefetch_b(elem: str, j: int) -> list[str]:
     microkernels.int_gemm's): %pfd elements of `elem` further on, into L2 (locality 2:
     prefetcht1): the panel is wanted a whole call later, and in L1 it would evict the A window
     this call still reads. One 64-byte vector (AVX-512) is one cache line; AVX2 fetches each
-    line twice, harmlessly."""
+    line twice (where that costs: PREFETCH_WHOLE_REDUCTIONS)."""
     return [f"  %pf{j} = getelementptr {elem}, ptr %bp{j}, i64 %pfd",
             f"  call void @llvm.prefetch.p0(ptr %pf{j}, i32 0, i32 2, i32 1)"]
 

@@ -122,10 +122,10 @@ def test_the_packed_matmul_prefetches_the_next_panel(isa_name, m, n, k):
     isa = ISAS[isa_name]
     plan, mod = packed_matmul(m, n, k, isa, bias=True)
     assert plan.kernel.prefetch == PREFETCH_WHOLE_REDUCTIONS[isa_name]
-    pf = plan.kernel.vectors_per_row if plan.kernel.prefetch else 0
+    nv = plan.kernel.vectors_per_row
+    pf = nv if plan.kernel.prefetch else 0
     loops = asm.fma_loops(tvm.compile(mod, target=isa.target).mod.inspect_source("asm"))
     assert loops, "no FMA loop: the tile was not tensorized"
-    nv = plan.kernel.vectors_per_row
     for lp in loops:
         # rows: the tile's, or where LLVM drops the zero-padded rows of a 1-row product, fewer
         rows = lp.count("vfmadd") // nv
